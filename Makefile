@@ -1,0 +1,29 @@
+# Two commands do all the set-up: `make book` and `make test` (each creates .venv if missing).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: book test lab bench clean
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+book: $(STAMP)
+	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 --dist loadscope --nbval-lax --nbval-current-env tests $$($(PY) tests/toc_notebooks.py)
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab book/
+
+bench: $(STAMP)
+	$(PY) -m qkmlp.bench
+
+clean:
+	rm -rf _build

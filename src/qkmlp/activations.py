@@ -1,0 +1,108 @@
+"""Activation registry: name -> callable with the properties the symmetry theorems need.
+
+Every activation is a :class:`Activation`: a callable ``σ(z)`` (elementwise, any shape)
+carrying three facts used by :mod:`qkmlp.symmetry`:
+
+- ``is_linear``: σ(z) = c·z for a constant c (then every symmetry of the bilinear form
+  survives gating);
+- ``homogeneity_degree``: the p with σ(c·z) = cᵖ·σ(z) for every c > 0, or ``None``;
+- ``is_odd``: σ(−z) = −σ(z) (then the gated form keeps the sign flip q → −q, k → −k).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["Activation", "get_activation", "ACTIVATIONS", "activation_names"]
+
+
+@dataclass(frozen=True)
+class Activation:
+    """An elementwise activation σ with the properties the theorems depend on."""
+
+    name: str
+    fn: Callable[[torch.Tensor], torch.Tensor] = field(repr=False, compare=False)
+    is_linear: bool = False
+    homogeneity_degree: Optional[float] = None
+    is_odd: bool = False
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        return self.fn(z)
+
+
+def _relu2(z: torch.Tensor) -> torch.Tensor:
+    return torch.square(F.relu(z))
+
+
+def _gelu_tanh(z: torch.Tensor) -> torch.Tensor:
+    return F.gelu(z, approximate="tanh")
+
+
+# Each as torch.nn.functional defines it, with its default arguments
+# (leaky_relu: negative_slope=0.01).
+ACTIVATIONS: dict[str, Activation] = {
+    a.name: a
+    for a in [
+        Activation("identity", lambda z: z, is_linear=True, homogeneity_degree=1, is_odd=True),
+        Activation("relu", F.relu, homogeneity_degree=1),
+        Activation("leaky_relu", F.leaky_relu, homogeneity_degree=1),
+        Activation("gelu", F.gelu),
+        Activation("gelu_tanh", _gelu_tanh),
+        Activation("silu", F.silu),
+        Activation("tanh", torch.tanh, is_odd=True),
+        Activation("sigmoid", torch.sigmoid),
+        Activation("softplus", F.softplus),
+        Activation("relu2", _relu2, homogeneity_degree=2),
+    ]
+}
+
+
+def activation_names() -> list[str]:
+    """The registered activation names, in registry order."""
+    return list(ACTIVATIONS)
+
+
+def get_activation(
+    activation: Union[str, Activation, Callable[[torch.Tensor], torch.Tensor]],
+    *,
+    is_linear: bool = False,
+    homogeneity_degree: Optional[float] = None,
+    is_odd: bool = False,
+) -> Activation:
+    """Return the :class:`Activation` for a registry name, or wrap a callable.
+
+    A plain callable has unknown properties; the keyword arguments declare them (they
+    default to the conservative "no symmetry": not linear, not homogeneous, not odd).
+    They are ignored for registry names and :class:`Activation` instances.
+
+    >>> get_activation("relu").homogeneity_degree
+    1
+    """
+    if isinstance(activation, Activation):
+        return activation
+    if isinstance(activation, str):
+        try:
+            return ACTIVATIONS[activation]
+        except KeyError:
+            raise ValueError(
+                f"unknown activation {activation!r}; expected one of "
+                f"{', '.join(ACTIVATIONS)} or a callable"
+            ) from None
+    if callable(activation):
+        name = getattr(activation, "__name__", None) or type(activation).__name__
+        if homogeneity_degree is None and is_linear:
+            homogeneity_degree = 1
+        return Activation(
+            name,
+            activation,
+            is_linear=is_linear,
+            homogeneity_degree=homogeneity_degree,
+            is_odd=is_odd or is_linear,
+        )
+    raise TypeError(
+        f"activation must be a name ({', '.join(ACTIVATIONS)}) or a callable, "
+        f"got {type(activation).__name__}"
+    )

@@ -1,0 +1,283 @@
+"""The five layers of the book, from the key-value MLP to the gated MLP.
+
+Notation (see the book's introduction): a token is a row vector x of width d = d_model;
+m = d_hidden memory slots; r = rank; d_out = output width (default d). No layer has
+biases: append a constant coordinate to x to get one.
+
+Initialisation (``reset_parameters``), chosen so that at d_out = d the output has the
+scale of a default ``nn.Linear`` stack:
+
+- ``key``, ``query`` (factors of a linear or bilinear score): U(-1/√d, 1/√d), like
+  ``nn.Linear``'s weight with fan-in d;
+- ``StaticQueryMLP.query`` (d, d): identity plus U(-1/√d, 1/√d)/√d, so that training
+  starts near the plain key-value MLP;
+- ``interaction`` A_j (d, d): U(-1/d, 1/d), the scale of a product q_jᵀk_j of two such
+  vectors;
+- ``value``: U(-1/√m, 1/√m), fan-in m of the down projection.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .activations import Activation, get_activation
+
+__all__ = [
+    "KeyValueMLP",
+    "StaticQueryMLP",
+    "BilinearAttentionMLP",
+    "SymmetricBilinearMLP",
+    "GatedMLP",
+]
+
+
+def _positive_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+class _QKMLPBase(nn.Module):
+    """Shared plumbing: sizes, activation, input checks, repr."""
+
+    def __init__(self, d_model: int, d_hidden: int, d_out: Optional[int], activation) -> None:
+        super().__init__()
+        self.d_model = _positive_int(d_model, "d_model")
+        self.d_hidden = _positive_int(d_hidden, "d_hidden")
+        self.d_out = self.d_model if d_out is None else _positive_int(d_out, "d_out")
+        self.activation: Activation = get_activation(activation)
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"expected a torch.Tensor of shape (..., {self.d_model}), got {type(x).__name__}")
+        if not x.is_floating_point():
+            raise TypeError(
+                f"expected a floating-point input (float16, bfloat16, float32 or float64), got {x.dtype}"
+            )
+        if x.dim() == 0 or x.shape[-1] != self.d_model:
+            raise ValueError(
+                f"expected input of shape (..., d_model={self.d_model}), got {tuple(x.shape)}"
+            )
+
+    def extra_repr(self) -> str:
+        parts = [f"d_model={self.d_model}", f"d_hidden={self.d_hidden}", f"d_out={self.d_out}"]
+        if hasattr(self, "rank"):
+            parts.append(f"rank={self.rank}")
+        parts.append(f"activation={self.activation.name}")
+        return ", ".join(parts)
+
+    def _new_value(self, factory_kwargs) -> nn.Parameter:
+        return nn.Parameter(torch.empty(self.d_hidden, self.d_out, **factory_kwargs))
+
+    def _init_value(self) -> None:
+        bound = 1.0 / math.sqrt(self.d_hidden)
+        nn.init.uniform_(self.value, -bound, bound)
+
+
+class KeyValueMLP(_QKMLPBase):
+    """The transformer FFN read as memory: σ(xKᵀ)V = Σ_j σ(x·k_j) v_j.
+
+    Parameters: ``key`` (m, d) = W₁, ``value`` (m, d_out) = W₂.
+    Shapes: (..., d) -> (..., d_out).
+    """
+
+    def __init__(self, d_model, d_hidden, d_out=None, *, activation="relu", device=None, dtype=None):
+        super().__init__(d_model, d_hidden, d_out, activation)
+        fk = {"device": device, "dtype": dtype}
+        self.key = nn.Parameter(torch.empty(self.d_hidden, self.d_model, **fk))
+        self.value = self._new_value(fk)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        bound = 1.0 / math.sqrt(self.d_model)
+        nn.init.uniform_(self.key, -bound, bound)
+        self._init_value()
+
+    def coefficients(self, x: torch.Tensor) -> torch.Tensor:
+        """Memory coefficients σ(xKᵀ): (..., d) -> (..., m)."""
+        self._check_input(x)
+        return self.activation(x @ self.key.T)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.coefficients(x) @ self.value
+
+
+class StaticQueryMLP(_QKMLPBase):
+    """One global query map in front of the keys: σ(xQKᵀ)V.
+
+    Parameters: ``query`` (d, d), ``key`` (m, d), ``value`` (m, d_out).
+    ``absorbed()`` returns the equal :class:`KeyValueMLP` with keys K' = KQᵀ.
+    """
+
+    def __init__(self, d_model, d_hidden, d_out=None, *, activation="relu", device=None, dtype=None):
+        super().__init__(d_model, d_hidden, d_out, activation)
+        fk = {"device": device, "dtype": dtype}
+        self.query = nn.Parameter(torch.empty(self.d_model, self.d_model, **fk))
+        self.key = nn.Parameter(torch.empty(self.d_hidden, self.d_model, **fk))
+        self.value = self._new_value(fk)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        bound = 1.0 / math.sqrt(self.d_model)
+        nn.init.uniform_(self.key, -bound, bound)
+        with torch.no_grad():
+            nn.init.uniform_(self.query, -bound / math.sqrt(self.d_model), bound / math.sqrt(self.d_model))
+            if self.query.device.type != "meta":
+                self.query.add_(torch.eye(self.d_model, device=self.query.device, dtype=self.query.dtype))
+        self._init_value()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
+        return self.activation((x @ self.query) @ self.key.T) @ self.value
+
+    @torch.no_grad()
+    def absorbed(self) -> KeyValueMLP:
+        """The key-value MLP with keys KQᵀ: same function, no query."""
+        kv = KeyValueMLP(
+            self.d_model, self.d_hidden, self.d_out, activation=self.activation,
+            device=self.key.device, dtype=self.key.dtype,
+        )
+        kv.key.copy_(self.key @ self.query.T)
+        kv.value.copy_(self.value)
+        return kv
+
+
+class BilinearAttentionMLP(_QKMLPBase):
+    """Bilinear attention over memory slots: Σ_j σ(x A_j xᵀ) v_j, with A_j = Q_j K_jᵀ.
+
+    Parameters: ``interaction`` (m, d, d) = A_j stored densely, ``value`` (m, d_out).
+    This is the costly form: m·d² parameters and m·d² multiply-adds per token.
+    """
+
+    def __init__(self, d_model, d_hidden, d_out=None, *, activation="silu", device=None, dtype=None):
+        super().__init__(d_model, d_hidden, d_out, activation)
+        fk = {"device": device, "dtype": dtype}
+        self.interaction = nn.Parameter(torch.empty(self.d_hidden, self.d_model, self.d_model, **fk))
+        self.value = self._new_value(fk)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        bound = 1.0 / self.d_model
+        nn.init.uniform_(self.interaction, -bound, bound)
+        self._init_value()
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """Bilinear scores x A_j xᵀ for every slot j: (..., d) -> (..., m)."""
+        self._check_input(x)
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.d_model)
+        # (N, d) @ (d, m·d) -> (N, m, d), then contract the second index with x.
+        xa = (x2 @ self.interaction.permute(1, 0, 2).reshape(self.d_model, -1)).view(
+            -1, self.d_hidden, self.d_model
+        )
+        s = torch.einsum("nmd,nd->nm", xa, x2)
+        return s.reshape(*lead, self.d_hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.scores(x)) @ self.value
+
+
+class _RankRBase(_QKMLPBase):
+    """Rank-r factored forms: ``query`` and ``key`` (m, r, d), ``value`` (m, d_out)."""
+
+    def __init__(self, d_model, d_hidden, d_out, rank, activation, device, dtype):
+        super().__init__(d_model, d_hidden, d_out, activation)
+        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+            raise ValueError(f"rank must be an integer >= 1, got {rank!r}")
+        self.rank = rank
+        fk = {"device": device, "dtype": dtype}
+        self.query = nn.Parameter(torch.empty(self.d_hidden, rank, self.d_model, **fk))
+        self.key = nn.Parameter(torch.empty(self.d_hidden, rank, self.d_model, **fk))
+        self.value = self._new_value(fk)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        bound = 1.0 / math.sqrt(self.d_model)
+        nn.init.uniform_(self.query, -bound, bound)
+        nn.init.uniform_(self.key, -bound, bound)
+        self._init_value()
+
+    def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Query and key projections x·q_{j,s}, x·k_{j,s}: (..., d) -> two (..., m, r)."""
+        self._check_input(x)
+        mr = self.d_hidden * self.rank
+        a = x @ self.query.reshape(mr, self.d_model).T
+        b = x @ self.key.reshape(mr, self.d_model).T
+        shape = (*x.shape[:-1], self.d_hidden, self.rank)
+        return a.reshape(shape), b.reshape(shape)
+
+    @torch.no_grad()
+    def interactions(self) -> torch.Tensor:
+        """The dense A_j = Σ_s q_{j,s}ᵀ k_{j,s}: (m, d, d)."""
+        return torch.einsum("jsd,jse->jde", self.query, self.key)
+
+
+class SymmetricBilinearMLP(_RankRBase):
+    """Symmetric rank-r bilinear MLP: Σ_j σ(Σ_s (x·q_{j,s})(x·k_{j,s})) v_j.
+
+    σ sits outside the rank sum, so the layer equals :class:`BilinearAttentionMLP` with
+    A_j = Σ_s q_{j,s}ᵀ k_{j,s} (``to_dense()``). Rank 1: σ((xQᵀ) ⊙ (xKᵀ))V.
+    """
+
+    def __init__(self, d_model, d_hidden, d_out=None, *, rank=1, activation="silu", device=None, dtype=None):
+        super().__init__(d_model, d_hidden, d_out, rank, activation, device, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.projections(x)
+        return self.activation((a * b).sum(-1)) @ self.value
+
+    @torch.no_grad()
+    def to_dense(self) -> BilinearAttentionMLP:
+        """The equal dense bilinear attention MLP (A_j materialised)."""
+        dense = BilinearAttentionMLP(
+            self.d_model, self.d_hidden, self.d_out, activation=self.activation,
+            device=self.value.device, dtype=self.value.dtype,
+        )
+        dense.interaction.copy_(self.interactions())
+        dense.value.copy_(self.value)
+        return dense
+
+
+class GatedMLP(_RankRBase):
+    """Gated rank-r MLP: Σ_j [Σ_s σ(x·q_{j,s})(x·k_{j,s})] v_j.
+
+    Rank 1 is (σ(xQᵀ) ⊙ (xKᵀ))V: query = gate, key = up, value = downᵀ, so
+    SwiGLU (silu), GEGLU (gelu), ReGLU (relu) and bilinear (identity) are all this layer.
+    """
+
+    def __init__(self, d_model, d_hidden, d_out=None, *, rank=1, activation="silu", device=None, dtype=None):
+        super().__init__(d_model, d_hidden, d_out, rank, activation, device, dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.projections(x)
+        return (self.activation(a) * b).sum(-1) @ self.value
+
+    @classmethod
+    @torch.no_grad()
+    def from_linear(cls, gate_proj: nn.Linear, up_proj: nn.Linear, down_proj: nn.Linear, *, activation="silu") -> "GatedMLP":
+        """Load a Llama-style MLP ``down(σ(gate(x)) * up(x))`` as a rank-1 GatedMLP.
+
+        gate_proj.weight (m, d) -> query[:, 0], up_proj.weight (m, d) -> key[:, 0],
+        down_proj.weight (d_out, m) -> value = downᵀ. Biases are not supported.
+        """
+        for name, lin in (("gate_proj", gate_proj), ("up_proj", up_proj), ("down_proj", down_proj)):
+            if not isinstance(lin, nn.Linear):
+                raise TypeError(f"{name} must be an nn.Linear, got {type(lin).__name__}")
+            if lin.bias is not None:
+                raise ValueError(
+                    f"{name} has a bias; GatedMLP has none (append a constant coordinate to x instead)"
+                )
+        m, d = gate_proj.weight.shape
+        if up_proj.weight.shape != (m, d):
+            raise ValueError(f"up_proj.weight must have gate_proj's shape {(m, d)}, got {tuple(up_proj.weight.shape)}")
+        if down_proj.weight.shape[1] != m:
+            raise ValueError(f"down_proj must take {m} inputs (d_hidden), got {down_proj.weight.shape[1]}")
+        w = gate_proj.weight
+        layer = cls(d, m, down_proj.weight.shape[0], rank=1, activation=activation, device=w.device, dtype=w.dtype)
+        layer.query.copy_(gate_proj.weight.unsqueeze(1))
+        layer.key.copy_(up_proj.weight.unsqueeze(1))
+        layer.value.copy_(down_proj.weight.T)
+        return layer

@@ -1,0 +1,208 @@
+"""Symmetry transforms of the layers, measurements, and the theorems as predicates.
+
+Transforms return a new layer and leave their input untouched:
+
+- ``swapped(layer)``: exchange query and key (q_{j,s} ↔ k_{j,s}; for the dense layer
+  A_j → A_jᵀ).
+- ``rescaled(layer, alpha)``: inverse scaling q → αq, k → k/α.
+- ``gauge_transformed(layer, G)``: per slot Q_j → G Q_j, K_j → G⁻ᵀ K_j, where Q_j is the
+  (r, d) matrix with rows q_{j,s}; G is (r, r) or (m, r, r).
+
+Predicates (the theorems of the book, chapter "Symmetry breaking") say from the
+activation's properties whether a transform *must* leave the layer's function unchanged
+for every input and every weight; where they say ``False`` the transform changes the
+function for generic weights.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Union
+
+import torch
+
+from .activations import Activation
+from .layers import (
+    BilinearAttentionMLP,
+    GatedMLP,
+    KeyValueMLP,
+    StaticQueryMLP,
+    SymmetricBilinearMLP,
+)
+
+__all__ = [
+    "swapped",
+    "rescaled",
+    "gauge_transformed",
+    "relative_change",
+    "swap_is_symmetry",
+    "rescaling_is_symmetry",
+    "gauge_is_symmetry",
+    "scalar_rescaling_commutes",
+]
+
+_FACTORED = (SymmetricBilinearMLP, GatedMLP)
+
+
+def _clone(layer):
+    return copy.deepcopy(layer)
+
+
+def _require(layer, types, what: str) -> None:
+    if not isinstance(layer, types):
+        names = ", ".join(t.__name__ for t in types)
+        raise TypeError(f"{what} is defined for {names}; got {type(layer).__name__}")
+
+
+def _check_alpha(alpha) -> float:
+    if isinstance(alpha, torch.Tensor):
+        if alpha.numel() != 1:
+            raise ValueError(f"alpha must be a scalar, got a tensor of shape {tuple(alpha.shape)}")
+        alpha = alpha.item()
+    try:
+        a = float(alpha)
+    except (TypeError, ValueError):
+        raise TypeError(f"alpha must be a real number, got {type(alpha).__name__}") from None
+    if not math.isfinite(a) or a == 0.0:
+        raise ValueError(f"alpha must be a finite non-zero number, got {alpha!r}")
+    return a
+
+
+@torch.no_grad()
+def swapped(layer):
+    """Exchange query and key: q_{j,s} ↔ k_{j,s} (dense layer: A_j → A_jᵀ)."""
+    _require(layer, (*_FACTORED, BilinearAttentionMLP), "swapped")
+    out = _clone(layer)
+    if isinstance(layer, BilinearAttentionMLP):
+        out.interaction.copy_(layer.interaction.transpose(-1, -2))
+    else:
+        out.query.copy_(layer.key)
+        out.key.copy_(layer.query)
+    return out
+
+
+@torch.no_grad()
+def rescaled(layer, alpha):
+    """Inverse scaling: query → α·query, key → key/α. α must be finite and non-zero."""
+    _require(layer, (*_FACTORED, StaticQueryMLP), "rescaled")
+    a = _check_alpha(alpha)
+    out = _clone(layer)
+    out.query.mul_(a)
+    out.key.div_(a)
+    return out
+
+
+def _check_gauge(layer, G) -> torch.Tensor:
+    m, r = layer.d_hidden, layer.rank
+    if not isinstance(G, torch.Tensor):
+        G = torch.as_tensor(G)
+    if not G.is_floating_point():
+        G = G.to(torch.float64)
+    if G.shape == (r, r):
+        G = G.expand(m, r, r)
+    elif G.shape != (m, r, r):
+        raise ValueError(f"G must have shape (rank, rank)=({r}, {r}) or (d_hidden, rank, rank)=({m}, {r}, {r}); got {tuple(G.shape)}")
+    G64 = G.to(torch.float64).cpu()
+    if not torch.isfinite(G64).all():
+        raise ValueError("G must be finite")
+    sv = torch.linalg.svdvals(G64)
+    smin, smax = sv[..., -1], sv[..., 0]
+    if (smax == 0).any() or (smin / smax < 1e3 * torch.finfo(torch.float64).eps * r).any():
+        raise ValueError("G must be invertible; got a singular (or numerically singular) matrix")
+    return G
+
+
+@torch.no_grad()
+def gauge_transformed(layer, G):
+    """Per slot Q_j → G Q_j, K_j → G⁻ᵀ K_j; G is (r, r) or (m, r, r) and invertible.
+
+    Q_jᵀK_j = Σ_s q_{j,s}ᵀk_{j,s} is unchanged, so the symmetric form is invariant for
+    every G; the gated form only for the G allowed by :func:`gauge_is_symmetry`.
+    """
+    _require(layer, _FACTORED, "gauge_transformed")
+    G = _check_gauge(layer, G)
+    out = _clone(layer)
+    G64 = G.to(torch.float64)
+    q = layer.query.to(torch.float64)
+    k = layer.key.to(torch.float64)
+    G_inv_T = torch.linalg.inv(G64.to(q.device)).transpose(-1, -2)
+    out.query.copy_(torch.matmul(G64.to(q.device), q))
+    out.key.copy_(torch.matmul(G_inv_T, k))
+    return out
+
+
+@torch.no_grad()
+def relative_change(layer_a, layer_b, x: torch.Tensor) -> float:
+    """‖f_b(x) − f_a(x)‖ / ‖f_a(x)‖ over the whole batch (Frobenius norms).
+
+    Returns the absolute difference norm when f_a(x) is exactly zero.
+    """
+    ya, yb = layer_a(x), layer_b(x)
+    if ya.shape != yb.shape:
+        raise ValueError(f"layers give outputs of different shapes {tuple(ya.shape)} and {tuple(yb.shape)}")
+    diff = torch.linalg.vector_norm((yb - ya).double())
+    base = torch.linalg.vector_norm(ya.double())
+    return float(diff / base) if base > 0 else float(diff)
+
+
+# --- the theorems as predicates -------------------------------------------------------
+
+def scalar_rescaling_commutes(activation: Activation, alpha) -> bool:
+    """Whether σ(αz) = α·σ(z) for every z, from σ's properties.
+
+    α = 1: always. α = −1: iff σ is odd. α > 0: iff σ is positively homogeneous of
+    degree 1. Other α < 0: iff σ is linear (odd and degree-1 homogeneous means linear).
+    """
+    a = _check_alpha(alpha)
+    if a == 1.0 or activation.is_linear:
+        return True
+    if a == -1.0:
+        return activation.is_odd
+    if a > 0:
+        return activation.homogeneity_degree == 1
+    return False
+
+
+def swap_is_symmetry(layer) -> bool:
+    """Whether q ↔ k must leave the layer's function unchanged.
+
+    Symmetric and dense forms: always (x A xᵀ = x Aᵀ xᵀ). Gated form: iff σ is linear
+    (σ(a)b = σ(b)a for all a, b forces σ(z) = cz).
+    """
+    _require(layer, (*_FACTORED, BilinearAttentionMLP), "swap_is_symmetry")
+    if isinstance(layer, GatedMLP):
+        return layer.activation.is_linear
+    return True
+
+
+def rescaling_is_symmetry(layer, alpha) -> bool:
+    """Whether q → αq, k → k/α must leave the layer's function unchanged.
+
+    Symmetric form and static query: for every σ and every α ≠ 0. Gated form: iff
+    σ(αz) = ασ(z) (:func:`scalar_rescaling_commutes`): every α > 0 for ReLU and leaky
+    ReLU, α = −1 for odd σ (tanh), every α for linear σ; for degree-p homogeneous σ the
+    output is multiplied by α^(p−1).
+    """
+    _require(layer, (*_FACTORED, StaticQueryMLP), "rescaling_is_symmetry")
+    if isinstance(layer, GatedMLP):
+        return scalar_rescaling_commutes(layer.activation, alpha)
+    _check_alpha(alpha)
+    return True
+
+
+def gauge_is_symmetry(layer, G, *, atol: float = 1e-12) -> bool:
+    """Whether the gauge transform by G must leave the layer's function unchanged.
+
+    Symmetric form: every invertible G. Gated form with linear σ: every G. Otherwise the
+    gated form keeps only G = P·D per slot (P a permutation of the rank components, D
+    diagonal) with every diagonal entry δ satisfying σ(δz) = δσ(z).
+    """
+    _require(layer, _FACTORED, "gauge_is_symmetry")
+    G = _check_gauge(layer, G).to(torch.float64)
+    if isinstance(layer, SymmetricBilinearMLP) or layer.activation.is_linear:
+        return True
+    nonzero = G.abs() > atol
+    # a generalised permutation has exactly one non-zero per row and per column
+    if not (bool((nonzero.sum(-1) == 1).all()) and bool((nonzero.sum(-2) == 1).all())):
+        return False
+    return all(scalar_rescaling_commutes(layer.activation, v) for v in G[nonzero].unique().tolist())
