@@ -1,0 +1,51 @@
+"""Parameter and FLOP counts of every layer, from its sizes (works on the meta device).
+
+FLOPs count a multiply-add as 2 and ignore the activation's elementwise cost.
+"""
+from __future__ import annotations
+
+from torch import nn
+
+from .layers import (
+    BilinearAttentionMLP,
+    GatedMLP,
+    KeyValueMLP,
+    StaticQueryMLP,
+    SymmetricBilinearMLP,
+)
+
+__all__ = ["parameter_count", "flops_per_token"]
+
+
+def parameter_count(layer: nn.Module) -> int:
+    """Number of scalar parameters (shared storage counted once)."""
+    seen, total = set(), 0
+    for p in layer.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel()
+    return total
+
+
+def flops_per_token(layer: nn.Module) -> int:
+    """Forward FLOPs for one token, as the layer computes it.
+
+    KeyValueMLP: 2dm + 2m·d_out. StaticQueryMLP: 2d² + 2dm + 2m·d_out.
+    BilinearAttentionMLP: 2md² + 2md + 2m·d_out (x·A_j, then ·xᵀ).
+    Symmetric / Gated rank r: 4mrd (two projections) + 2mr (product and rank sum)
+    + 2m·d_out.
+    """
+    d, m, o = layer.d_model, layer.d_hidden, layer.d_out
+    if isinstance(layer, KeyValueMLP):
+        return 2 * d * m + 2 * m * o
+    if isinstance(layer, StaticQueryMLP):
+        return 2 * d * d + 2 * d * m + 2 * m * o
+    if isinstance(layer, BilinearAttentionMLP):
+        return 2 * m * d * d + 2 * m * d + 2 * m * o
+    if isinstance(layer, (SymmetricBilinearMLP, GatedMLP)):
+        r = layer.rank
+        return 4 * m * r * d + 2 * m * r + 2 * m * o
+    raise TypeError(
+        "flops_per_token is defined for KeyValueMLP, StaticQueryMLP, BilinearAttentionMLP, "
+        f"SymmetricBilinearMLP and GatedMLP; got {type(layer).__name__}"
+    )
