@@ -13,7 +13,7 @@ from .layers import (
     StaticQueryMLP,
     SymmetricBilinearMLP,
 )
-from . import symmetry
+from . import costs, symmetry, training
 
 __version__ = "0.1.0"
 
@@ -27,6 +27,8 @@ __all__ = [
     "BilinearAttentionMLP",
     "SymmetricBilinearMLP",
     "GatedMLP",
+    "costs",
     "symmetry",
+    "training",
     "__version__",
 ]

@@ -1,0 +1,33 @@
+"""Independent reference implementations of every layer's formula, written loop-by-slot
+from the notation of the book (slow but obviously correct). Used only by the tests."""
+import torch
+
+
+def key_value(x, K, V, act):
+    return sum(act(x @ K[j])[..., None] * V[j] for j in range(K.shape[0]))
+
+
+def static_query(x, Q, K, V, act):
+    return sum(act((x @ Q) @ K[j])[..., None] * V[j] for j in range(K.shape[0]))
+
+
+def bilinear(x, A, V, act):
+    return sum(act(((x @ A[j]) * x).sum(-1))[..., None] * V[j] for j in range(A.shape[0]))
+
+
+def symmetric(x, Q, K, V, act):
+    m, r, _ = Q.shape
+    out = 0
+    for j in range(m):
+        s = sum((x @ Q[j, s_]) * (x @ K[j, s_]) for s_ in range(r))
+        out = out + act(s)[..., None] * V[j]
+    return out
+
+
+def gated(x, Q, K, V, act):
+    m, r, _ = Q.shape
+    out = 0
+    for j in range(m):
+        h = sum(act(x @ Q[j, s_]) * (x @ K[j, s_]) for s_ in range(r))
+        out = out + h[..., None] * V[j]
+    return out

@@ -1,0 +1,217 @@
+"""The symmetry theorems as properties: what must be invariant is, what must break does.
+
+Hypothesis draws shapes, activations and α; the predicates of qkmlp.symmetry say which
+case we are in, and the measurement must agree on generic (random) weights.
+"""
+import copy
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from qkmlp import (
+    BilinearAttentionMLP,
+    GatedMLP,
+    KeyValueMLP,
+    StaticQueryMLP,
+    SymmetricBilinearMLP,
+    activation_names,
+    get_activation,
+)
+from qkmlp.symmetry import (
+    gauge_is_symmetry,
+    gauge_transformed,
+    relative_change,
+    rescaled,
+    rescaling_is_symmetry,
+    scalar_rescaling_commutes,
+    swap_is_symmetry,
+    swapped,
+)
+
+F64 = torch.float64
+INVARIANT = 1e-9  # float64 round-off on these sizes is ~1e-15
+BROKEN = 1e-3  # generic weights: a broken symmetry moves the output by far more
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def factored_layers(draw, cls=None):
+    cls = cls or draw(st.sampled_from([SymmetricBilinearMLP, GatedMLP]))
+    d = draw(st.integers(2, 6))
+    m = draw(st.integers(1, 4))
+    r = draw(st.integers(1, 3))
+    d_out = draw(st.integers(1, 4))
+    act = draw(st.sampled_from(activation_names()))
+    seed = draw(st.integers(0, 2**16))
+    torch.manual_seed(seed)
+    layer = cls(d, m, d_out, rank=r, activation=act, dtype=F64)
+    # generic weights of order one so every nonlinearity bends
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.normal_()
+    x = torch.randn(64, d, dtype=F64)
+    return layer, x
+
+
+# α bounded away from ±1 (where any change is small), plus the exact special values.
+alphas = st.one_of(
+    st.sampled_from([-1.0, 1.0]),
+    st.floats(0.2, 5.0).filter(lambda a: abs(math.log(a)) > 0.2),
+    st.floats(-5.0, -0.2).filter(lambda a: abs(math.log(-a)) > 0.2),
+)
+
+
+@SETTINGS
+@given(factored_layers(SymmetricBilinearMLP), alphas)
+def test_symmetric_form_is_invariant_under_swap_and_rescaling_for_every_sigma(case, alpha):
+    layer, x = case
+    assert swap_is_symmetry(layer) and rescaling_is_symmetry(layer, alpha)
+    assert relative_change(layer, swapped(layer), x) < INVARIANT
+    assert relative_change(layer, rescaled(layer, alpha), x) < INVARIANT
+
+
+@SETTINGS
+@given(factored_layers(GatedMLP), alphas)
+def test_gated_form_rescaling_invariant_exactly_when_the_theorem_says(case, alpha):
+    layer, x = case
+    change = relative_change(layer, rescaled(layer, alpha), x)
+    if rescaling_is_symmetry(layer, alpha):
+        assert change < INVARIANT
+    else:
+        assert change > BROKEN
+
+
+@SETTINGS
+@given(factored_layers(GatedMLP))
+def test_gated_form_swap_invariant_iff_sigma_linear(case):
+    layer, x = case
+    change = relative_change(layer, swapped(layer), x)
+    assert swap_is_symmetry(layer) == layer.activation.is_linear
+    if layer.activation.is_linear:
+        assert change < INVARIANT
+    else:
+        assert change > BROKEN
+
+
+@SETTINGS
+@given(factored_layers(GatedMLP), st.floats(0.2, 5.0))
+def test_degree_p_homogeneous_sigma_scales_gated_output_by_alpha_to_p_minus_one(case, alpha):
+    layer, x = case
+    layer.activation = get_activation("relu2")  # p = 2
+    y, y_scaled = layer(x), rescaled(layer, alpha)(x)
+    torch.testing.assert_close(y_scaled, alpha ** (2 - 1) * y, rtol=1e-10, atol=1e-12)
+
+
+@SETTINGS
+@given(factored_layers(), st.data())
+def test_gauge_symmetry(case, data):
+    layer, x = case
+    r, m = layer.rank, layer.d_hidden
+    kind = data.draw(st.sampled_from(["generic", "positive_diagonal", "permutation", "per_slot"]))
+    if kind == "generic":
+        G = torch.randn(r, r, dtype=F64) + 2 * torch.eye(r, dtype=F64)
+    elif kind == "positive_diagonal":
+        G = torch.diag(torch.rand(r, dtype=F64) * 3 + 0.2)
+    elif kind == "permutation":
+        G = torch.eye(r, dtype=F64)[torch.randperm(r)]
+    else:
+        G = torch.randn(m, r, r, dtype=F64) + 2 * torch.eye(r, dtype=F64)
+    change = relative_change(layer, gauge_transformed(layer, G), x)
+    if gauge_is_symmetry(layer, G):
+        assert change < INVARIANT
+    else:
+        assert change > BROKEN
+    if isinstance(layer, SymmetricBilinearMLP):
+        assert gauge_is_symmetry(layer, G)
+
+
+def test_gauge_keeps_the_dense_interactions():
+    torch.manual_seed(0)
+    layer = SymmetricBilinearMLP(5, 3, rank=3, dtype=F64)
+    G = torch.randn(3, 3, 3, dtype=F64) + 2 * torch.eye(3, dtype=F64)
+    torch.testing.assert_close(gauge_transformed(layer, G).interactions(), layer.interactions())
+
+
+def test_dense_swap_is_a_transpose_and_an_invariance():
+    torch.manual_seed(0)
+    layer = BilinearAttentionMLP(5, 3, activation="gelu", dtype=F64)
+    sw = swapped(layer)
+    torch.testing.assert_close(sw.interaction, layer.interaction.transpose(1, 2))
+    assert swap_is_symmetry(layer)
+    assert relative_change(layer, sw, torch.randn(20, 5, dtype=F64)) < INVARIANT
+
+
+def test_static_query_rescaling_is_an_invariance():
+    torch.manual_seed(0)
+    layer = StaticQueryMLP(5, 4, activation="gelu", dtype=F64)
+    assert rescaling_is_symmetry(layer, -2.5)
+    assert relative_change(layer, rescaled(layer, -2.5), torch.randn(20, 5, dtype=F64)) < INVARIANT
+
+
+@pytest.mark.parametrize(
+    "name,alpha,expected",
+    [
+        ("relu", 3.0, True), ("relu", -3.0, False), ("relu", -1.0, False),
+        ("leaky_relu", 0.5, True), ("leaky_relu", -0.5, False),
+        ("tanh", -1.0, True), ("tanh", 2.0, False), ("tanh", -2.0, False),
+        ("identity", -7.0, True), ("silu", 2.0, False), ("silu", 1.0, True),
+        ("relu2", 2.0, False), ("gelu", -1.0, False),
+    ],
+)
+def test_scalar_rescaling_table(name, alpha, expected):
+    assert scalar_rescaling_commutes(get_activation(name), alpha) is expected
+
+
+def test_transforms_leave_their_input_untouched():
+    torch.manual_seed(0)
+    layer = GatedMLP(4, 3, rank=2, dtype=F64)
+    before = copy.deepcopy(layer.state_dict())
+    for out in (swapped(layer), rescaled(layer, 2.0), gauge_transformed(layer, torch.eye(2, dtype=F64) * 3)):
+        assert out is not layer
+    for k, v in layer.state_dict().items():
+        torch.testing.assert_close(v, before[k])
+
+
+def test_relative_change_value():
+    torch.manual_seed(0)
+    layer = KeyValueMLP(4, 3, dtype=F64)
+    other = copy.deepcopy(layer)
+    with torch.no_grad():
+        other.value.mul_(1.5)
+    assert math.isclose(relative_change(layer, other, torch.randn(10, 4, dtype=F64)), 0.5, rel_tol=1e-12)
+
+
+# --- bad input -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("alpha", [0, 0.0, float("nan"), float("inf"), -float("inf")])
+def test_bad_alpha_is_rejected(alpha):
+    layer = GatedMLP(4, 3)
+    with pytest.raises(ValueError, match="alpha"):
+        rescaled(layer, alpha)
+    with pytest.raises(ValueError, match="alpha"):
+        rescaling_is_symmetry(layer, alpha)
+
+
+def test_singular_or_misshapen_gauge_is_rejected():
+    layer = SymmetricBilinearMLP(4, 3, rank=2)
+    with pytest.raises(ValueError, match="invertible"):
+        gauge_transformed(layer, torch.tensor([[1.0, 2.0], [2.0, 4.0]]))
+    with pytest.raises(ValueError, match="invertible"):
+        gauge_transformed(layer, torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="shape"):
+        gauge_transformed(layer, torch.eye(3))
+    with pytest.raises(ValueError, match="finite"):
+        gauge_transformed(layer, torch.full((2, 2), float("nan")))
+
+
+def test_transforms_reject_layers_they_do_not_apply_to():
+    with pytest.raises(TypeError, match="SymmetricBilinearMLP"):
+        swapped(KeyValueMLP(4, 3))
+    with pytest.raises(TypeError, match="GatedMLP"):
+        rescaled(BilinearAttentionMLP(4, 3), 2.0)
+    with pytest.raises(TypeError, match="GatedMLP"):
+        gauge_transformed(StaticQueryMLP(4, 3), torch.eye(1))
