@@ -16,6 +16,8 @@ from .layers import (
 
 __all__ = ["parameter_count", "flops_per_token"]
 
+_LAYERS = (KeyValueMLP, StaticQueryMLP, BilinearAttentionMLP, SymmetricBilinearMLP, GatedMLP)
+
 
 def parameter_count(layer: nn.Module) -> int:
     """Number of scalar parameters (shared storage counted once)."""
@@ -35,6 +37,11 @@ def flops_per_token(layer: nn.Module) -> int:
     Symmetric / Gated rank r: 4mrd (two projections) + 2mr (product and rank sum)
     + 2m·d_out.
     """
+    if not isinstance(layer, _LAYERS):
+        raise TypeError(
+            "flops_per_token is defined for KeyValueMLP, StaticQueryMLP, BilinearAttentionMLP, "
+            f"SymmetricBilinearMLP and GatedMLP; got {type(layer).__name__}"
+        )
     d, m, o = layer.d_model, layer.d_hidden, layer.d_out
     if isinstance(layer, KeyValueMLP):
         return 2 * d * m + 2 * m * o
@@ -42,10 +49,5 @@ def flops_per_token(layer: nn.Module) -> int:
         return 2 * d * d + 2 * d * m + 2 * m * o
     if isinstance(layer, BilinearAttentionMLP):
         return 2 * m * d * d + 2 * m * d + 2 * m * o
-    if isinstance(layer, (SymmetricBilinearMLP, GatedMLP)):
-        r = layer.rank
-        return 4 * m * r * d + 2 * m * r + 2 * m * o
-    raise TypeError(
-        "flops_per_token is defined for KeyValueMLP, StaticQueryMLP, BilinearAttentionMLP, "
-        f"SymmetricBilinearMLP and GatedMLP; got {type(layer).__name__}"
-    )
+    r = layer.rank
+    return 4 * m * r * d + 2 * m * r + 2 * m * o
