@@ -1,0 +1,320 @@
+"""Small constructed and synthetic examples for the opening chapters (1–3) of the book.
+
+Everything here is deterministic (explicit seeds) and small enough to run in a fraction
+of a second on a CPU.
+
+- Biases as a constant coordinate: :func:`with_bias_coordinate`, :class:`BiasCoordinate`,
+  :func:`key_value_from_mlp` (an ``nn.Linear → σ → nn.Linear`` MLP with biases as an
+  equal :class:`~qkmlp.KeyValueMLP` on ``[x, 1]``).
+- A key-value memory of facts (chapter 1): :func:`capital_facts`,
+  :func:`fact_memory`, :func:`decode`.
+- Regression data: :func:`teacher_data` (labels from a fixed layer),
+  :func:`product_data` (the interaction y = x₁x₂), :func:`relative_mse`.
+- Bilinear attention (chapter 3): :func:`product_layer` (a two-slot layer that computes
+  x₁x₂ exactly), :func:`symmetric_part`, :func:`antisymmetric_part`,
+  :func:`compare_on_product` (train a key-value and a bilinear MLP on x₁x₂).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+import torch
+from torch import nn
+
+from .activations import get_activation
+from .layers import BilinearAttentionMLP, KeyValueMLP
+from .training import fit
+
+__all__ = [
+    "with_bias_coordinate",
+    "BiasCoordinate",
+    "key_value_from_mlp",
+    "FactTask",
+    "capital_facts",
+    "fact_memory",
+    "decode",
+    "teacher_data",
+    "product_data",
+    "relative_mse",
+    "product_layer",
+    "symmetric_part",
+    "antisymmetric_part",
+    "compare_on_product",
+]
+
+
+def _check_float(x, name: str = "x") -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be floating point, got {x.dtype}")
+    if x.dim() == 0:
+        raise ValueError(f"{name} must have shape (..., d), got a scalar")
+
+
+# --------------------------------------------------------------------------------------
+# Biases are a constant coordinate
+# --------------------------------------------------------------------------------------
+
+
+def with_bias_coordinate(x: torch.Tensor) -> torch.Tensor:
+    """Append a constant 1 to every token: (..., d) -> (..., d + 1)."""
+    _check_float(x)
+    return torch.cat([x, torch.ones_like(x[..., :1])], dim=-1)
+
+
+class BiasCoordinate(nn.Module):
+    """Module form of :func:`with_bias_coordinate`, to put in front of a bias-free layer."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return with_bias_coordinate(x)
+
+
+@torch.no_grad()
+def key_value_from_mlp(fc1: nn.Linear, fc2: nn.Linear, activation="relu") -> KeyValueMLP:
+    """The MLP ``fc2(σ(fc1(x)))`` with biases, as a bias-free :class:`KeyValueMLP`.
+
+    The returned layer has d_model = d + 1 and d_hidden = m + 1 and satisfies
+    ``layer(with_bias_coordinate(x)) == fc2(σ(fc1(x)))``:
+
+    - key j = [fc1.weight[j], fc1.bias[j]] (the first bias is the weight of the constant
+      coordinate);
+    - one extra slot with key e_{d+1} fires with the constant coefficient σ(1) and has
+      value fc2.bias / σ(1) (the second bias is a memory that is always recalled).
+
+    Needs σ(1) ≠ 0 (true for relu, gelu, silu, tanh, sigmoid, softplus, ...).
+    """
+    for name, lin in (("fc1", fc1), ("fc2", fc2)):
+        if not isinstance(lin, nn.Linear):
+            raise TypeError(f"{name} must be an nn.Linear, got {type(lin).__name__}")
+    m, d = fc1.weight.shape
+    if fc2.weight.shape[1] != m:
+        raise ValueError(f"fc2 must take fc1's {m} outputs, got in_features={fc2.weight.shape[1]}")
+    act = get_activation(activation)
+    w = fc1.weight
+    sigma_one = float(act(torch.ones((), dtype=w.dtype)))
+    if fc2.bias is not None and sigma_one == 0.0:
+        raise ValueError(f"activation {act.name!r} has σ(1) = 0; the output bias cannot be a memory slot")
+    d_out = fc2.weight.shape[0]
+    kv = KeyValueMLP(d + 1, m + 1, d_out, activation=act, device=w.device, dtype=w.dtype)
+    kv.key.zero_()
+    kv.key[:m, :d] = fc1.weight
+    if fc1.bias is not None:
+        kv.key[:m, d] = fc1.bias
+    kv.key[m, d] = 1.0
+    kv.value.zero_()
+    kv.value[:m] = fc2.weight.T
+    if fc2.bias is not None:
+        kv.value[m] = fc2.bias / sigma_one
+    return kv
+
+
+# --------------------------------------------------------------------------------------
+# A key-value memory of facts (chapter 1)
+# --------------------------------------------------------------------------------------
+
+_CAPITALS = [
+    ("Paris", "France"),
+    ("Rome", "Italy"),
+    ("Tokyo", "Japan"),
+    ("Cairo", "Egypt"),
+    ("Lima", "Peru"),
+]
+_DISTRACTORS = ["cat", "river", "blue"]
+
+
+@dataclass
+class FactTask:
+    """A tiny vocabulary with unit-norm random embeddings and facts ``word -> word``.
+
+    words: n names; embeddings: (n, d), rows of norm 1; facts: (f, 2) long tensor of
+    (subject index, answer index) pairs.
+    """
+
+    words: list
+    embeddings: torch.Tensor
+    facts: torch.Tensor
+
+    @property
+    def subjects(self) -> torch.Tensor:
+        return self.facts[:, 0]
+
+    @property
+    def answers(self) -> torch.Tensor:
+        return self.facts[:, 1]
+
+
+def capital_facts(d: int = 32, seed: int = 0) -> FactTask:
+    """Five capital -> country facts over a 13-word vocabulary embedded in ℝᵈ.
+
+    The embeddings are independent Gaussian vectors normalised to length 1 (for d ≳ 16
+    they are nearly orthogonal), drawn from a generator seeded with ``seed``.
+    """
+    if isinstance(d, bool) or not isinstance(d, int) or d < 2:
+        raise ValueError(f"d must be an integer >= 2, got {d!r}")
+    words = [w for pair in _CAPITALS for w in pair] + list(_DISTRACTORS)
+    gen = torch.Generator().manual_seed(seed)
+    emb = torch.randn(len(words), d, generator=gen)
+    emb = emb / emb.norm(dim=1, keepdim=True)
+    facts = torch.tensor([[words.index(a), words.index(b)] for a, b in _CAPITALS])
+    return FactTask(words, emb, facts)
+
+
+@torch.no_grad()
+def fact_memory(task: FactTask, threshold: Union[float, None] = None) -> KeyValueMLP:
+    """A ReLU key-value memory that stores each fact in one slot, built by hand.
+
+    Input: ``with_bias_coordinate(e)`` for a word embedding e (width d + 1); output: a
+    vector in ℝᵈ, read out with :func:`decode`. Slot j has key [e_{a_j}, −θ] and value
+    e_{b_j} / (1 − θ), so for the subject a_j its coefficient is 1 − θ and the output is
+    exactly e_{b_j}; a word whose cosine with every subject is below θ fires no slot.
+    The default θ is halfway between the largest cosine of a subject with another word
+    and 1.
+    """
+    emb, subj, ans = task.embeddings, task.subjects, task.answers
+    n, d = emb.shape
+    cos = emb[subj] @ emb.T  # (f, n)
+    others = torch.ones_like(cos, dtype=torch.bool)
+    others[torch.arange(len(subj)), subj] = False
+    largest_other = float(cos[others].max())
+    if threshold is None:
+        threshold = (1.0 + largest_other) / 2
+    if not largest_other < threshold < 1.0:
+        raise ValueError(
+            f"threshold must lie in ({largest_other:.3f}, 1): above every cosine between a "
+            f"subject and another word, and below 1; got {threshold}"
+        )
+    kv = KeyValueMLP(d + 1, len(subj), d, activation="relu", dtype=emb.dtype)
+    kv.key.copy_(torch.cat([emb[subj], torch.full((len(subj), 1), -threshold, dtype=emb.dtype)], 1))
+    kv.value.copy_(emb[ans] / (1.0 - threshold))
+    return kv
+
+
+def decode(out: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+    """Nearest word by dot product: (..., d) outputs -> (...) word indices."""
+    _check_float(out, "out")
+    if out.shape[-1] != embeddings.shape[1]:
+        raise ValueError(f"out must have last dimension {embeddings.shape[1]}, got {tuple(out.shape)}")
+    return (out @ embeddings.T).argmax(-1)
+
+
+# --------------------------------------------------------------------------------------
+# Regression data
+# --------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def teacher_data(teacher: nn.Module, n: int, d: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs x ~ N(0, I_d) (n, d) and labels teacher(x), from a generator seeded with seed."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=gen)
+    return x, teacher(x)
+
+
+def product_data(n: int, d: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """x uniform on [−1, 1]ᵈ, shape (n, d), and y = x₁x₂, shape (n, 1)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive integer, got {n!r}")
+    if isinstance(d, bool) or not isinstance(d, int) or d < 2:
+        raise ValueError(f"d must be an integer >= 2 (the target uses x₁ and x₂), got {d!r}")
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, d, generator=gen) * 2 - 1
+    return x, (x[:, 0] * x[:, 1]).unsqueeze(-1)
+
+
+@torch.no_grad()
+def relative_mse(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Mean squared error divided by the variance of y (0 = perfect, 1 = predicting the mean)."""
+    return float(((model(x) - y) ** 2).mean() / y.var(unbiased=False))
+
+
+# --------------------------------------------------------------------------------------
+# Bilinear attention (chapter 3)
+# --------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def product_layer(d: int, i: int = 0, k: int = 1, dtype=None) -> BilinearAttentionMLP:
+    """A two-slot SiLU :class:`BilinearAttentionMLP` (d_out = 1) that computes x_i·x_k exactly.
+
+    Slot 1 has A = S, slot 2 has A = −S with S = (e_iᵀe_k + e_kᵀe_i)/2, values +1 and −1:
+    silu(s) − silu(−s) = s·sigmoid(s) + s·sigmoid(−s) = s, with s = x S xᵀ = x_i x_k.
+    """
+    if isinstance(d, bool) or not isinstance(d, int) or d < 2:
+        raise ValueError(f"d must be an integer >= 2, got {d!r}")
+    if not (0 <= i < d and 0 <= k < d) or i == k:
+        raise ValueError(f"i and k must be two different coordinates in [0, {d}), got {i} and {k}")
+    layer = BilinearAttentionMLP(d, 2, 1, activation="silu", dtype=dtype)
+    s = torch.zeros(d, d, dtype=layer.value.dtype)
+    s[i, k] = s[k, i] = 0.5
+    layer.interaction.copy_(torch.stack([s, -s]))
+    layer.value.copy_(torch.tensor([[1.0], [-1.0]]))
+    return layer
+
+
+def _require_bilinear(layer) -> None:
+    if not isinstance(layer, BilinearAttentionMLP):
+        raise TypeError(f"expected a BilinearAttentionMLP, got {type(layer).__name__}")
+
+
+@torch.no_grad()
+def symmetric_part(layer: BilinearAttentionMLP) -> BilinearAttentionMLP:
+    """A copy of ``layer`` with every A_j replaced by (A_j + A_jᵀ)/2; same function."""
+    _require_bilinear(layer)
+    out = copy.deepcopy(layer)
+    out.interaction.copy_((layer.interaction + layer.interaction.transpose(1, 2)) / 2)
+    return out
+
+
+@torch.no_grad()
+def antisymmetric_part(layer: BilinearAttentionMLP) -> BilinearAttentionMLP:
+    """A copy of ``layer`` with every A_j replaced by (A_j − A_jᵀ)/2; all its scores are 0."""
+    _require_bilinear(layer)
+    out = copy.deepcopy(layer)
+    out.interaction.copy_((layer.interaction - layer.interaction.transpose(1, 2)) / 2)
+    return out
+
+
+def compare_on_product(
+    width: int,
+    seeds: Sequence[int] = (0, 1, 2),
+    *,
+    d: int = 4,
+    n_train: int = 512,
+    n_test: int = 2048,
+    steps: int = 800,
+    lr: float = 1e-2,
+) -> dict[str, list[float]]:
+    """Train a key-value MLP and a bilinear attention MLP of equal width on y = x₁x₂.
+
+    The key-value MLP is ReLU with a bias coordinate (``BiasCoordinate`` then
+    ``KeyValueMLP(d + 1, width, 1)``), the bilinear one SiLU without biases. For each seed
+    both start from ``torch.manual_seed(seed)`` and train full batch with Adam
+    (:func:`qkmlp.training.fit`). Returns the relative test MSE of each, per seed:
+    ``{"key_value": [...], "bilinear": [...]}``; also the parameter counts under
+    ``"key_value_params"`` and ``"bilinear_params"`` (one number each, in a list).
+    """
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ValueError(f"width must be a positive integer, got {width!r}")
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("seeds must hold at least one seed")
+    x, y = product_data(n_train, d, seed=10_000)
+    x_test, y_test = product_data(n_test, d, seed=10_001)
+    result: dict[str, list[float]] = {"key_value": [], "bilinear": []}
+    for seed in seeds:
+        torch.manual_seed(seed)
+        kv = nn.Sequential(BiasCoordinate(), KeyValueMLP(d + 1, width, 1, activation="relu"))
+        torch.manual_seed(seed)
+        bi = BilinearAttentionMLP(d, width, 1, activation="silu")
+        fit(kv, x, y, steps=steps, lr=lr, seed=seed)
+        fit(bi, x, y, steps=steps, lr=lr, seed=seed)
+        result["key_value"].append(relative_mse(kv, x_test, y_test))
+        result["bilinear"].append(relative_mse(bi, x_test, y_test))
+    result["key_value_params"] = [sum(p.numel() for p in kv.parameters())]
+    result["bilinear_params"] = [sum(p.numel() for p in bi.parameters())]
+    return result

@@ -1,0 +1,168 @@
+"""Unit tests of qkmlp.examples (the constructions behind chapters 1-3)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from qkmlp import BilinearAttentionMLP, KeyValueMLP
+from qkmlp.examples import (
+    BiasCoordinate,
+    antisymmetric_part,
+    capital_facts,
+    compare_on_product,
+    decode,
+    fact_memory,
+    key_value_from_mlp,
+    product_data,
+    product_layer,
+    relative_mse,
+    symmetric_part,
+    teacher_data,
+    with_bias_coordinate,
+)
+
+
+def test_with_bias_coordinate_appends_one():
+    x = torch.randn(3, 2, 5)
+    xb = with_bias_coordinate(x)
+    assert xb.shape == (3, 2, 6)
+    assert torch.equal(xb[..., :5], x)
+    assert torch.all(xb[..., 5] == 1)
+    assert torch.equal(BiasCoordinate()(x), xb)
+
+
+def test_with_bias_coordinate_rejects_integers():
+    with pytest.raises(TypeError, match="floating"):
+        with_bias_coordinate(torch.ones(2, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "silu", "tanh"])
+@pytest.mark.parametrize("bias2", [True, False])
+def test_key_value_from_mlp_equals_mlp_with_biases(activation, bias2):
+    torch.manual_seed(0)
+    fc1, fc2 = nn.Linear(5, 7, dtype=torch.float64), nn.Linear(7, 3, bias=bias2, dtype=torch.float64)
+    act = {"relu": torch.relu, "gelu": nn.functional.gelu, "silu": nn.functional.silu, "tanh": torch.tanh}[activation]
+    kv = key_value_from_mlp(fc1, fc2, activation)
+    assert (kv.d_model, kv.d_hidden, kv.d_out) == (6, 8, 3)
+    x = torch.randn(11, 5, dtype=torch.float64)
+    torch.testing.assert_close(kv(with_bias_coordinate(x)), fc2(act(fc1(x))))
+
+
+def test_key_value_from_mlp_bad_input():
+    with pytest.raises(TypeError, match="nn.Linear"):
+        key_value_from_mlp(nn.Linear(2, 3), nn.ReLU())
+    with pytest.raises(ValueError, match="3 outputs"):
+        key_value_from_mlp(nn.Linear(2, 3), nn.Linear(4, 1))
+    zero_at_one = lambda z: z - 1  # noqa: E731  σ(1) = 0
+    with pytest.raises(ValueError, match="σ\\(1\\) = 0"):
+        key_value_from_mlp(nn.Linear(2, 3), nn.Linear(3, 1), zero_at_one)
+
+
+def test_capital_facts_shapes_and_norms():
+    task = capital_facts(d=16, seed=3)
+    assert task.embeddings.shape == (len(task.words), 16)
+    torch.testing.assert_close(task.embeddings.norm(dim=1), torch.ones(len(task.words)))
+    assert task.facts.shape == (5, 2)
+    assert task.words[task.facts[0, 0]] == "Paris" and task.words[task.facts[0, 1]] == "France"
+    with pytest.raises(ValueError, match="d must be"):
+        capital_facts(d=1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fact_memory_recalls_every_fact_and_nothing_else(seed):
+    task = capital_facts(d=32, seed=seed)
+    mem = fact_memory(task)
+    x = with_bias_coordinate(task.embeddings)
+    out = mem(x)
+    # Each subject recalls exactly its answer's embedding ...
+    torch.testing.assert_close(out[task.subjects], task.embeddings[task.answers])
+    assert torch.equal(decode(out[task.subjects], task.embeddings), task.answers)
+    # ... through exactly its own slot; every other word fires no slot.
+    c = mem.coefficients(x)
+    fired = c > 0
+    expected = torch.zeros_like(fired)
+    expected[task.subjects, torch.arange(len(task.subjects))] = True
+    assert torch.equal(fired, expected)
+
+
+def test_fact_memory_rejects_bad_threshold():
+    task = capital_facts(d=32)
+    with pytest.raises(ValueError, match="threshold"):
+        fact_memory(task, threshold=1.5)
+    with pytest.raises(ValueError, match="threshold"):
+        fact_memory(task, threshold=-0.9)
+
+
+def test_decode_checks_width():
+    with pytest.raises(ValueError, match="last dimension"):
+        decode(torch.randn(2, 3), torch.randn(4, 5))
+
+
+def test_teacher_data_is_deterministic():
+    torch.manual_seed(0)
+    teacher = KeyValueMLP(3, 4, 2)
+    x1, y1 = teacher_data(teacher, 10, 3, seed=5)
+    x2, y2 = teacher_data(teacher, 10, 3, seed=5)
+    assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    torch.testing.assert_close(y1, teacher(x1))
+    with pytest.raises(ValueError, match="n must"):
+        teacher_data(teacher, 0, 3)
+
+
+def test_product_data():
+    x, y = product_data(100, 3, seed=1)
+    assert x.shape == (100, 3) and y.shape == (100, 1)
+    assert x.abs().max() <= 1
+    torch.testing.assert_close(y[:, 0], x[:, 0] * x[:, 1])
+    with pytest.raises(ValueError, match="d must"):
+        product_data(10, 1)
+
+
+def test_relative_mse():
+    x, y = product_data(200, 2)
+    zero = lambda t: torch.zeros(t.shape[0], 1)  # noqa: E731
+    mean = lambda t: torch.full((t.shape[0], 1), float(y.mean()))  # noqa: E731
+    assert relative_mse(mean, x, y) == pytest.approx(1.0)
+    assert relative_mse(lambda t: y, x, y) == 0.0
+    assert relative_mse(zero, x, y) >= 1.0
+
+
+@pytest.mark.parametrize("i,k", [(0, 1), (2, 0), (1, 3)])
+def test_product_layer_is_exact(i, k):
+    layer = product_layer(4, i, k, dtype=torch.float64)
+    x = torch.randn(50, 4, dtype=torch.float64) * 3
+    torch.testing.assert_close(layer(x)[:, 0], x[:, i] * x[:, k])
+
+
+def test_product_layer_bad_coordinates():
+    with pytest.raises(ValueError, match="two different"):
+        product_layer(3, 1, 1)
+    with pytest.raises(ValueError, match="two different"):
+        product_layer(3, 0, 3)
+
+
+def test_symmetric_and_antisymmetric_parts():
+    torch.manual_seed(0)
+    layer = BilinearAttentionMLP(5, 3, 2, dtype=torch.float64)
+    x = torch.randn(20, 5, dtype=torch.float64)
+    sym, anti = symmetric_part(layer), antisymmetric_part(layer)
+    torch.testing.assert_close(sym.interaction + anti.interaction, layer.interaction)
+    torch.testing.assert_close(sym.interaction, sym.interaction.transpose(1, 2))
+    torch.testing.assert_close(anti.interaction, -anti.interaction.transpose(1, 2))
+    torch.testing.assert_close(sym(x), layer(x))
+    torch.testing.assert_close(anti.scores(x), torch.zeros(20, 3, dtype=torch.float64))
+    # the input is left untouched and the copies do not share storage
+    assert not torch.allclose(layer.interaction, sym.interaction)
+    with pytest.raises(TypeError, match="BilinearAttentionMLP"):
+        symmetric_part(KeyValueMLP(2, 2))
+
+
+def test_compare_on_product_small():
+    res = compare_on_product(2, seeds=[0], steps=300)
+    assert set(res) == {"key_value", "bilinear", "key_value_params", "bilinear_params"}
+    assert res["key_value_params"] == [2 * (4 + 1) + 2]
+    assert res["bilinear_params"] == [2 * 16 + 2]
+    assert res["bilinear"][0] < res["key_value"][0]
+    with pytest.raises(ValueError, match="seeds"):
+        compare_on_product(2, seeds=[])
