@@ -206,3 +206,7 @@ def gauge_is_symmetry(layer, G, *, atol: float = 1e-12) -> bool:
     if not (bool((nonzero.sum(-1) == 1).all()) and bool((nonzero.sum(-2) == 1).all())):
         return False
     return all(scalar_rescaling_commutes(layer.activation, v) for v in G[nonzero].unique().tolist())
+
+from .symmetry_group import predicted_symmetry_dimension, symmetry_dimension  # noqa: E402
+
+__all__ += ["symmetry_dimension", "predicted_symmetry_dimension"]

@@ -1,0 +1,378 @@
+"""The continuous symmetry group of every layer: derived, and measured.
+
+A *continuous symmetry direction* at weights θ is a tangent direction δθ along which the
+layer's function does not change to first order. They span the null space of the
+Jacobian J = ∂f(x_n; θ)/∂θ stacked over many inputs x_n, so
+
+    symmetry dimension = (number of parameters) − rank J.
+
+:func:`measure_symmetry` computes this in float64 from the singular values of J (with the
+tolerance and the gap around it reported); :func:`predicted_symmetry_dimension` gives the
+same number from theory (chapter "The full symmetry group"), as a sum of named
+contributions in :func:`symmetry_breakdown`. The predictions hold for *generic* weights
+in the regimes listed in :func:`symmetry_breakdown`; outside them it raises.
+
+Also here: the discrete symmetries (:func:`slot_permuted`, :func:`odd_sign_flip`) and the
+conserved quantities of gradient flow that the continuous symmetries imply
+(:func:`conserved_quantities`).
+
+This module does not import :mod:`qkmlp.symmetry` (which re-exports two names from here).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .layers import (
+    BilinearAttentionMLP,
+    GatedMLP,
+    KeyValueMLP,
+    StaticQueryMLP,
+    SymmetricBilinearMLP,
+)
+
+__all__ = [
+    "SymmetryMeasurement",
+    "jacobian",
+    "measure_symmetry",
+    "symmetry_dimension",
+    "symmetry_breakdown",
+    "predicted_symmetry_dimension",
+    "effective_parameter_count",
+    "low_rank_dimension",
+    "symmetric_low_rank_dimension",
+    "factor_fiber_dimension",
+    "slot_permuted",
+    "odd_sign_flip",
+    "conserved_quantities",
+]
+
+_LAYERS = (KeyValueMLP, StaticQueryMLP, BilinearAttentionMLP, SymmetricBilinearMLP, GatedMLP)
+_EPS64 = torch.finfo(torch.float64).eps
+
+
+def _require_layer(layer) -> None:
+    if not isinstance(layer, _LAYERS):
+        names = ", ".join(t.__name__ for t in _LAYERS)
+        raise TypeError(f"expected one of the qkmlp layers ({names}); got {type(layer).__name__}")
+
+
+def _n_params(layer: nn.Module) -> int:
+    return sum(p.numel() for p in layer.parameters())
+
+
+# --- measurement -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SymmetryMeasurement:
+    """Result of :func:`measure_symmetry`.
+
+    ``singular_values``: all singular values of J divided by the largest, descending
+    (length = n_params). ``rank`` counts those above ``rtol``; ``dimension`` =
+    n_params − rank. ``gap`` = (smallest kept) / (largest dropped): a rank is trustworthy
+    when the gap is many orders of magnitude (float64 round-off sits near 1e-15, genuine
+    directions of these small layers above 1e-6).
+    """
+
+    dimension: int
+    n_params: int
+    rank: int
+    n_inputs: int
+    rtol: float
+    gap: float
+    singular_values: torch.Tensor
+
+    @property
+    def smallest_kept(self) -> float:
+        return float(self.singular_values[self.rank - 1]) if self.rank > 0 else float("nan")
+
+    @property
+    def largest_dropped(self) -> float:
+        return float(self.singular_values[self.rank]) if self.rank < self.n_params else 0.0
+
+
+def jacobian(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Jacobian of the outputs over a batch with respect to all parameters.
+
+    x: (N, d_model). Returns (N·d_out, n_params) in the dtype of the layer, parameters
+    flattened in ``named_parameters()`` order. Forward mode (one tangent per parameter).
+    """
+    _require_layer(layer)
+    names = [n for n, _ in layer.named_parameters()]
+    params = [p.detach() for _, p in layer.named_parameters()]
+    shapes = [p.shape for p in params]
+    sizes = [p.numel() for p in params]
+    theta = torch.cat([p.reshape(-1) for p in params])
+
+    def f(flat: torch.Tensor) -> torch.Tensor:
+        chunks = torch.split(flat, sizes)
+        d = {n: c.reshape(s) for n, c, s in zip(names, chunks, shapes)}
+        return torch.func.functional_call(layer, d, (x,)).reshape(-1)
+
+    return torch.func.jacfwd(f)(theta)
+
+
+def measure_symmetry(
+    layer: nn.Module,
+    *,
+    n_inputs: Optional[int] = None,
+    rtol: float = 1e-8,
+    min_gap: float = 1e4,
+    seed: int = 0,
+) -> SymmetryMeasurement:
+    """Measure the number of continuous symmetry directions at the layer's weights.
+
+    A float64 copy of the layer is evaluated on ``n_inputs`` standard-normal inputs
+    (default 2·n_params + 20, so that the sampled outputs see every direction the function
+    can move in); the rank of the Jacobian counts the singular values above
+    ``rtol`` × the largest. The default rtol = 1e-8 ≈ √eps sits midway (in log scale)
+    between 1 and float64 round-off. If the ratio of the smallest kept to the largest
+    dropped singular value is below ``min_gap`` the rank is ambiguous and a
+    ``RuntimeError`` says so (pass ``min_gap=0`` to get the numbers anyway).
+    """
+    _require_layer(layer)
+    if not (0.0 < rtol < 1.0):
+        raise ValueError(f"rtol must be in (0, 1), got {rtol!r}")
+    P = _n_params(layer)
+    if n_inputs is None:
+        n_inputs = 2 * P + 20
+    if isinstance(n_inputs, bool) or not isinstance(n_inputs, int) or n_inputs < 1:
+        raise ValueError(f"n_inputs must be a positive integer, got {n_inputs!r}")
+    layer64 = copy.deepcopy(layer).to(device="cpu", dtype=torch.float64)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_inputs, layer.d_model, generator=gen, dtype=torch.float64)
+    J = jacobian(layer64, x)
+    sv = torch.linalg.svdvals(J)
+    full = torch.zeros(P, dtype=torch.float64)
+    full[: sv.numel()] = sv  # fewer rows than parameters: the missing values are zeros
+    top = float(full[0])
+    rel = full / top if top > 0 else full
+    rank = int((rel > rtol).sum())
+    kept = float(rel[rank - 1]) if rank > 0 else float("nan")
+    dropped = float(rel[rank]) if rank < P else 0.0
+    gap = kept / dropped if dropped > 0 else math.inf
+    if gap < min_gap:
+        raise RuntimeError(
+            f"ambiguous Jacobian rank for {type(layer).__name__}: smallest kept singular value "
+            f"{kept:.2e}, largest dropped {dropped:.2e} (relative), gap {gap:.1e} < min_gap={min_gap:.0e}; "
+            "use more inputs or better-conditioned weights"
+        )
+    return SymmetryMeasurement(P - rank, P, rank, n_inputs, rtol, gap, rel)
+
+
+def symmetry_dimension(layer: nn.Module, **kwargs) -> int:
+    """Number of continuous symmetry directions at the layer's current weights.
+
+    Measured as n_params − rank of the Jacobian of outputs w.r.t. all parameters over
+    random inputs, in float64; keyword arguments go to :func:`measure_symmetry`.
+    """
+    return measure_symmetry(layer, **kwargs).dimension
+
+
+# --- theory --------------------------------------------------------------------------------
+
+def low_rank_dimension(rows: int, cols: int, rank: int) -> int:
+    """Dimension of the (rows × cols) matrices of rank exactly min(rank, rows, cols)."""
+    rho = min(rank, rows, cols)
+    return rho * (rows + cols - rho)
+
+
+def symmetric_low_rank_dimension(d: int, rank: int) -> int:
+    """Dimension of the symmetric d × d matrices of rank exactly min(rank, d)."""
+    rho = min(rank, d)
+    return rho * d - rho * (rho - 1) // 2
+
+
+def factor_fiber_dimension(rank: int, d: int) -> int:
+    """Dimension of the set of (Q, K) ∈ (ℝ^{r×d})² with the same sym(QᵀK), generically.
+
+    2r ≤ d: the orbit of O(r, r), of dimension r(2r − 1). 2r > d: 2rd − d(d+1)/2.
+    """
+    return 2 * rank * d - symmetric_low_rank_dimension(d, 2 * rank)
+
+
+def _linear_mixing(n_slots: int, space: int, d_out: int) -> int:
+    """Fiber of (a_j, v_j)_{j≤m} ↦ Σ_j a_j ⊗ v_j with a_j free in ℝ^space: rank-m tensors."""
+    return n_slots * (space + d_out) - low_rank_dimension(space, d_out, n_slots)
+
+
+def _kind(act) -> str:
+    if act.is_linear:
+        return "linear"
+    if act.homogeneity_degree is not None:
+        return "homogeneous"
+    return "generic"
+
+
+def symmetry_breakdown(layer: nn.Module) -> dict[str, int]:
+    """Predicted continuous symmetry directions, as named contributions (generic weights).
+
+    With m = d_hidden, d = d_model, r = rank, D = d(d+1)/2, ρ(a, b, k) = min(k, a, b):
+
+    - KeyValueMLP: homogeneous σ: m (k_j → c k_j, v_j → c⁻ᵖ v_j); linear σ: the fiber of
+      (K, V) ↦ KᵀV, m(d + d_out) − ρ(d + d_out − ρ) with ρ = min(m, d, d_out) (= m² when
+      m ≤ min(d, d_out)); otherwise 0.
+    - StaticQueryMLP: d² (Q → QG, K → KG⁻ᵀ, for invertible Q) plus the key-value count.
+    - BilinearAttentionMLP: m·d(d−1)/2 (antisymmetric part of A_j), plus m for homogeneous
+      σ, or for linear σ the fiber of (S, V) ↦ Σ_j S_j ⊗ v_j (m² when m ≤ min(D, d_out)).
+      ReLU-type σ needs every S_j indefinite (else the unit is dead or linear).
+    - SymmetricBilinearMLP: m·(2rd − dim of symmetric rank-min(2r, d) matrices), which is
+      m·r(2r−1) (the group O(r, r)) when 2r ≤ d; plus m for non-linear homogeneous σ; for
+      linear σ plus the mixing of the S_j: when 2r ≥ d the full Σ_j S_j ⊗ v_j fiber; when
+      2r < d and m ≤ min(d_out, D), m + m·max(0, m − 1 − k(k+1)/2) with k = d − 2r (the
+      combinations of the other S_i that vanish on ker S_j); else no closed form here
+      (ValueError).
+    - GatedMLP: m (K_j → cK_j, v_j → v_j/c) for every non-linear σ, plus m·r
+      (q → cq, k → c⁻ᵖk per component) for homogeneous σ; linear σ: as the symmetric form.
+    """
+    _require_layer(layer)
+    act = layer.activation
+    kind = _kind(act)
+    m, d, do = layer.d_hidden, layer.d_model, layer.d_out
+    out: dict[str, int] = {}
+
+    def kv_part(prefix: str = "") -> None:
+        if kind == "linear":
+            out[prefix + "GL mixing of slots (K, V) -> (GK, G^-T V)"] = _linear_mixing(m, d, do)
+        elif kind == "homogeneous":
+            out[prefix + "positive rescaling k_j -> c k_j, v_j -> c^-p v_j"] = m
+
+    if isinstance(layer, KeyValueMLP):
+        kv_part()
+    elif isinstance(layer, StaticQueryMLP):
+        out["absorbed query Q -> QG, K -> K G^-T"] = d * d
+        kv_part("absorbed keys: ")
+    elif isinstance(layer, BilinearAttentionMLP):
+        D = d * (d + 1) // 2
+        out["antisymmetric part of A_j"] = m * d * (d - 1) // 2
+        if kind == "linear":
+            out["mixing of slots (S, V)"] = _linear_mixing(m, D, do)
+        elif kind == "homogeneous":
+            out["rescaling S_j -> c S_j, v_j -> c^-p v_j"] = m
+    elif isinstance(layer, SymmetricBilinearMLP) or (isinstance(layer, GatedMLP) and kind == "linear"):
+        r = layer.rank
+        D = d * (d + 1) // 2
+        name = "O(r, r) acting on [Q_j; K_j]" if 2 * r <= d else "fiber of (Q_j, K_j) -> sym(Q_j^T K_j), 2r > d"
+        out[name] = m * factor_fiber_dimension(r, d)
+        if kind == "homogeneous":
+            out["rescaling S_j -> c S_j, v_j -> c^-p v_j"] = m
+        elif kind == "linear":
+            if 2 * r >= d:
+                out["mixing of slots (S, V)"] = _linear_mixing(m, D, do)
+            else:
+                k = d - 2 * r  # dimension of ker S_j
+                if m > min(do, D):
+                    raise ValueError(
+                        f"no closed form derived for linear σ with 2·rank < d_model and "
+                        f"d_hidden > min(d_out, d(d+1)/2) = {min(do, D)}; got d_hidden={m}"
+                    )
+                out["rescaling S_j -> c S_j, v_j -> v_j / c"] = m
+                extra = m * max(0, m - 1 - k * (k + 1) // 2)
+                if extra:
+                    out["mixing S_j -> S_j + sum_i c_ij S_i vanishing on ker S_j"] = extra
+    elif isinstance(layer, GatedMLP):
+        out["key-value rescaling K_j -> c K_j, v_j -> v_j / c"] = m
+        if kind == "homogeneous":
+            out["per component q -> c q, k -> c^-p k"] = m * layer.rank
+    return out
+
+
+def predicted_symmetry_dimension(layer: nn.Module) -> int:
+    """Number of continuous symmetry directions predicted by theory for generic weights.
+
+    The sum of :func:`symmetry_breakdown`, which lists the contributions and the regimes.
+    Depends only on the sizes and on σ's ``is_linear`` / ``homogeneity_degree``.
+    """
+    return sum(symmetry_breakdown(layer).values())
+
+
+def effective_parameter_count(layer: nn.Module) -> int:
+    """Parameters minus predicted symmetry dimension: the dimension of the function family."""
+    return _n_params(layer) - predicted_symmetry_dimension(layer)
+
+
+# --- discrete symmetries ------------------------------------------------------------------
+
+def _slot_params(layer) -> list[str]:
+    if isinstance(layer, (KeyValueMLP, StaticQueryMLP)):
+        return ["key", "value"]
+    if isinstance(layer, BilinearAttentionMLP):
+        return ["interaction", "value"]
+    return ["query", "key", "value"]
+
+
+@torch.no_grad()
+def slot_permuted(layer: nn.Module, perm) -> nn.Module:
+    """A copy with the memory slots reordered by ``perm`` (a permutation of range(m)).
+
+    Every layer is a sum over slots, so this is a symmetry for every σ.
+    """
+    _require_layer(layer)
+    perm = torch.as_tensor(perm, dtype=torch.long)
+    m = layer.d_hidden
+    if perm.shape != (m,) or not torch.equal(perm.sort().values, torch.arange(m)):
+        raise ValueError(f"perm must be a permutation of range(d_hidden={m}), got {perm.tolist()}")
+    out = copy.deepcopy(layer)
+    for name in _slot_params(layer):
+        getattr(out, name).copy_(getattr(layer, name)[perm])
+    return out
+
+
+@torch.no_grad()
+def odd_sign_flip(layer: nn.Module, slot: int) -> nn.Module:
+    """A copy with slot ``slot``'s σ-argument and value negated.
+
+    Flips k_j (key-value, static query), A_j (dense), q_{j,s} for all s (symmetric,
+    gated) together with v_j. Since σ(−z)(−v) = σ(z)v exactly when σ is odd, this is a
+    symmetry for odd σ (tanh, identity) and changes the function otherwise.
+    """
+    _require_layer(layer)
+    if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < layer.d_hidden:
+        raise ValueError(f"slot must be an integer in [0, {layer.d_hidden}), got {slot!r}")
+    out = copy.deepcopy(layer)
+    first = _slot_params(layer)[0]  # key / interaction / query: the factor inside σ
+    getattr(out, first)[slot].neg_()
+    out.value[slot].neg_()
+    return out
+
+
+# --- conserved quantities ------------------------------------------------------------------
+
+@torch.no_grad()
+def conserved_quantities(layer: nn.Module) -> dict[str, torch.Tensor]:
+    """Quantities that gradient flow on any loss of the layer's output keeps constant.
+
+    For a symmetry θ → exp(εX)θ with X symmetric, ⟨θ, Xθ⟩ is conserved
+    (Kunin et al. 2021). Returned per layer type (float64 tensors):
+
+    - SymmetricBilinearMLP (every σ): ``"QQt-KKt"`` (m, r, r) = Q_jQ_jᵀ − K_jK_jᵀ and
+      ``"skew(KQt)"`` (m, r, r) = antisymmetric part of K_jQ_jᵀ (the symmetric generators
+      of O(r, r)); the diagonal of the first is ‖q_{j,s}‖² − ‖k_{j,s}‖².
+    - GatedMLP (every σ): ``"|K|^2-|v|^2"`` (m,) = ‖K_j‖²_F − ‖v_j‖²; homogeneous
+      σ of degree p also ``"|q|^2-p|k|^2"`` (m, r); linear σ also the symmetric form's two.
+    - KeyValueMLP with homogeneous σ: ``"|k|^2-p|v|^2"`` (m,).
+    Other layers and activations: an empty dict.
+    """
+    _require_layer(layer)
+    act = layer.activation
+    p = act.homogeneity_degree
+    out: dict[str, torch.Tensor] = {}
+    if isinstance(layer, SymmetricBilinearMLP) or (isinstance(layer, GatedMLP) and act.is_linear):
+        Q, K = layer.query.double(), layer.key.double()
+        out["QQt-KKt"] = Q @ Q.transpose(-1, -2) - K @ K.transpose(-1, -2)
+        KQ = K @ Q.transpose(-1, -2)
+        out["skew(KQt)"] = 0.5 * (KQ - KQ.transpose(-1, -2))
+    if isinstance(layer, GatedMLP):
+        K, V = layer.key.double(), layer.value.double()
+        out["|K|^2-|v|^2"] = K.pow(2).sum((-1, -2)) - V.pow(2).sum(-1)
+        if p is not None and not act.is_linear:
+            Q = layer.query.double()
+            out["|q|^2-p|k|^2"] = Q.pow(2).sum(-1) - p * K.pow(2).sum(-1)
+    elif isinstance(layer, KeyValueMLP) and p is not None and not act.is_linear:
+        out["|k|^2-p|v|^2"] = layer.key.double().pow(2).sum(-1) - p * layer.value.double().pow(2).sum(-1)
+    return out
