@@ -1,0 +1,91 @@
+"""Summaries and paired comparisons across seeds.
+
+Two families run with the same seeds see the same data (the seed fixes the data split,
+the teacher and the minibatch order), so their metrics pair up seed by seed. The paired
+differences d_i = a_i − b_i are summarised by their mean, a Student-t confidence interval
+and an exact two-sided sign test. With n = 5 seeds the smallest possible sign-test
+p-value is 2/2⁵ = 0.0625: the sign test alone can never reach 5 % at five seeds, which is
+why the t-interval is reported beside it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+__all__ = ["mean_sd", "sign_test", "t_interval", "paired_comparison"]
+
+
+def _floats(values, name: str) -> list[float]:
+    try:
+        out = [float(v) for v in values]
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a sequence of numbers") from None
+    if not all(math.isfinite(v) for v in out):
+        raise ValueError(f"{name} must contain only finite numbers, got {out}")
+    return out
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (ddof = 1; 0.0 for a single value)."""
+    v = _floats(values, "values")
+    if not v:
+        raise ValueError("values must not be empty")
+    mu = sum(v) / len(v)
+    if len(v) == 1:
+        return mu, 0.0
+    return mu, math.sqrt(sum((x - mu) ** 2 for x in v) / (len(v) - 1))
+
+
+def sign_test(diffs: Sequence[float]) -> float:
+    """Exact two-sided sign-test p-value for median(diffs) = 0; zeros are dropped.
+
+    Returns 1.0 when every difference is zero.
+    """
+    d = _floats(diffs, "diffs")
+    pos = sum(1 for x in d if x > 0)
+    neg = sum(1 for x in d if x < 0)
+    n = pos + neg
+    if n == 0:
+        return 1.0
+    k = min(pos, neg)
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def t_interval(diffs: Sequence[float], level: float = 0.95) -> tuple[float, float]:
+    """Student-t confidence interval for the mean of ``diffs`` (needs at least 2 values)."""
+    from scipy.stats import t as student_t
+
+    d = _floats(diffs, "diffs")
+    if len(d) < 2:
+        raise ValueError(f"a t-interval needs at least 2 paired differences, got {len(d)}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    mu, sd = mean_sd(d)
+    half = float(student_t.ppf(0.5 + level / 2, df=len(d) - 1)) * sd / math.sqrt(len(d))
+    return mu - half, mu + half
+
+
+def paired_comparison(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> dict:
+    """Compare metric lists ``a`` and ``b`` paired by seed (same order, same length).
+
+    Returns ``n``, ``mean_diff`` (a − b), ``sd_diff``, ``ci`` (t-interval), ``wins``
+    (seeds with a > b), ``losses``, ``sign_p`` and ``significant`` (the t-interval
+    excludes 0).
+    """
+    a, b = _floats(a, "a"), _floats(b, "b")
+    if len(a) != len(b):
+        raise ValueError(f"a and b must be paired (same length), got {len(a)} and {len(b)}")
+    diffs = [x - y for x, y in zip(a, b)]
+    mu, sd = mean_sd(diffs)
+    lo, hi = t_interval(diffs, level)
+    return {
+        "n": len(diffs),
+        "mean_diff": mu,
+        "sd_diff": sd,
+        "ci": (lo, hi),
+        "wins": sum(1 for x in diffs if x > 0),
+        "losses": sum(1 for x in diffs if x < 0),
+        "sign_p": sign_test(diffs),
+        "significant": bool(lo > 0 or hi < 0),
+    }
