@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from . import functional as _fn
 from .activations import Activation, get_activation
 
 __all__ = [
@@ -181,18 +182,43 @@ class BilinearAttentionMLP(_QKMLPBase):
 
 
 class _RankRBase(_QKMLPBase):
-    """Rank-r factored forms: ``query`` and ``key`` (m, r, d), ``value`` (m, d_out)."""
+    """Rank-r factored forms: ``query`` and ``key`` (m, r, d), ``value`` (m, d_out).
+
+    Query and key live in one packed parameter ``query_key`` of shape (2, m, r, d), so
+    that both projections are a single GEMM x @ [Q; K]ᵀ; ``query`` and ``key`` are
+    writable views of it (``query_key[0]`` and ``query_key[1]``), and
+    ``named_parameters()`` shows ``query_key`` and ``value``. A state dict with separate
+    ``query`` and ``key`` entries (the unpacked layout) still loads.
+
+    The forward pass uses the fused autograd functions of :mod:`qkmlp.functional` (two
+    GEMMs, elementwise math in float32 for float16/bfloat16, only x and the
+    pre-activations saved for backward) when the activation is a registered one and
+    ``self.fused`` is true; otherwise the same formula in plain autograd.
+    """
+
+    _fused_fn = None        # set by subclasses: the qkmlp.functional fused function
+    _reference_fn = None    # and its plain-autograd twin
 
     def __init__(self, d_model, d_hidden, d_out, rank, activation, device, dtype):
         super().__init__(d_model, d_hidden, d_out, activation)
         if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
             raise ValueError(f"rank must be an integer >= 1, got {rank!r}")
         self.rank = rank
+        self.fused = True
         fk = {"device": device, "dtype": dtype}
-        self.query = nn.Parameter(torch.empty(self.d_hidden, rank, self.d_model, **fk))
-        self.key = nn.Parameter(torch.empty(self.d_hidden, rank, self.d_model, **fk))
+        self.query_key = nn.Parameter(torch.empty(2, self.d_hidden, rank, self.d_model, **fk))
         self.value = self._new_value(fk)
         self.reset_parameters()
+
+    @property
+    def query(self) -> torch.Tensor:
+        """q_{j,s} as ``query[j, s]``: (m, r, d), a writable view of ``query_key[0]``."""
+        return self.query_key[0]
+
+    @property
+    def key(self) -> torch.Tensor:
+        """k_{j,s} as ``key[j, s]``: (m, r, d), a writable view of ``query_key[1]``."""
+        return self.query_key[1]
 
     def reset_parameters(self) -> None:
         bound = 1.0 / math.sqrt(self.d_model)
@@ -200,19 +226,45 @@ class _RankRBase(_QKMLPBase):
         nn.init.uniform_(self.key, -bound, bound)
         self._init_value()
 
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # Accept the unpacked layout {query, key} by packing it into query_key.
+        q, k = prefix + "query", prefix + "key"
+        if q in state_dict and k in state_dict and prefix + "query_key" not in state_dict:
+            state_dict[prefix + "query_key"] = torch.stack([state_dict.pop(q), state_dict.pop(k)])
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def _packed_weight(self) -> torch.Tensor:
+        """[Q; K] as one (2·m·r, d) matrix (a view, no copy)."""
+        return self.query_key.reshape(2 * self.d_hidden * self.rank, self.d_model)
+
     def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Query and key projections x·q_{j,s}, x·k_{j,s}: (..., d) -> two (..., m, r)."""
         self._check_input(x)
         mr = self.d_hidden * self.rank
-        a = x @ self.query.reshape(mr, self.d_model).T
-        b = x @ self.key.reshape(mr, self.d_model).T
+        ab = x @ self._packed_weight().T
         shape = (*x.shape[:-1], self.d_hidden, self.rank)
-        return a.reshape(shape), b.reshape(shape)
+        return ab[..., :mr].reshape(shape), ab[..., mr:].reshape(shape)
 
     @torch.no_grad()
     def interactions(self) -> torch.Tensor:
         """The dense A_j = Σ_s q_{j,s}ᵀ k_{j,s}: (m, d, d)."""
         return torch.einsum("jsd,jse->jde", self.query, self.key)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input(x)
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.d_model)
+        w, v = self._packed_weight(), self.value
+        dev = x.device.type
+        if torch.is_autocast_enabled(dev):
+            # Autocast: GEMMs in the autocast dtype, elementwise math still in float32.
+            dt = torch.get_autocast_dtype(dev)
+            x2, w, v = x2.to(dt), w.to(dt), v.to(dt)
+        if self.fused and _fn.supports_fused(self.activation):
+            y = type(self)._fused_fn(x2, w, v, self.activation.name, self.d_hidden, self.rank)
+        else:
+            y = type(self)._reference_fn(x2, w, v, self.activation, self.d_hidden, self.rank)
+        return y.reshape(*lead, self.d_out)
 
 
 class SymmetricBilinearMLP(_RankRBase):
@@ -225,9 +277,8 @@ class SymmetricBilinearMLP(_RankRBase):
     def __init__(self, d_model, d_hidden, d_out=None, *, rank=1, activation="silu", device=None, dtype=None):
         super().__init__(d_model, d_hidden, d_out, rank, activation, device, dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = self.projections(x)
-        return self.activation((a * b).sum(-1)) @ self.value
+    _fused_fn = staticmethod(_fn.symmetric)
+    _reference_fn = staticmethod(_fn.symmetric_reference)
 
     @torch.no_grad()
     def to_dense(self) -> BilinearAttentionMLP:
@@ -251,9 +302,8 @@ class GatedMLP(_RankRBase):
     def __init__(self, d_model, d_hidden, d_out=None, *, rank=1, activation="silu", device=None, dtype=None):
         super().__init__(d_model, d_hidden, d_out, rank, activation, device, dtype)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a, b = self.projections(x)
-        return (self.activation(a) * b).sum(-1) @ self.value
+    _fused_fn = staticmethod(_fn.gated)
+    _reference_fn = staticmethod(_fn.gated_reference)
 
     @classmethod
     @torch.no_grad()

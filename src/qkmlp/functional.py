@@ -1,0 +1,319 @@
+"""Fast paths of the factored layers: two GEMMs, a fused elementwise middle, lean memory.
+
+Both factored forms compute, for a batch x of shape (N, d),
+
+    ab = x @ W_qkᵀ                 one GEMM, W_qk = [Q; K] packed as (2·m·r, d)
+    a, b = ab[:, :mr], ab[:, mr:]  views, each (N, m, r)
+    h = Σ_s σ(a_s) b_s             gated        (N, m)
+    h = σ(Σ_s a_s b_s)             symmetric    (N, m)
+    y = h @ V                      one GEMM, V is (m, d_out)
+
+The autograd functions :class:`GatedFn` and :class:`SymmetricFn` save only x, the
+pre-activations ``ab`` and the weights for backward, and recompute σ(a) (or σ(p)) and h
+there, as Liger-Kernel does for SwiGLU (Hsu et al., 2024). A Llama-style MLP written with
+three ``nn.Linear`` saves x, gate(x), σ(gate(x)), up(x) and the product: d + 4m numbers per
+token against d + 2mr here.
+
+For float16 and bfloat16 the GEMMs run in the input dtype and the elementwise math in
+float32 (``compute_dtype``). The activation's derivative is written out for every
+registered activation (``FUSED_ACTIVATIONS``); a layer with any other callable uses the
+plain autograd path (:func:`gated_reference`, :func:`symmetric_reference`), which is also
+what the tests compare against.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .activations import ACTIVATIONS, Activation
+
+__all__ = [
+    "FUSED_ACTIVATIONS",
+    "compute_dtype",
+    "activation_and_derivative",
+    "supports_fused",
+    "gated",
+    "symmetric",
+    "gated_reference",
+    "symmetric_reference",
+    "GatedFn",
+    "SymmetricFn",
+]
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
+_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+
+
+def _identity(z):
+    return z.clone(), torch.ones_like(z)   # a fresh σ(z): callers may overwrite it
+
+
+def _relu(z):
+    return F.relu(z), (z > 0).to(z.dtype)
+
+
+def _leaky_relu(z):
+    return F.leaky_relu(z), torch.where(z > 0, 1.0, 0.01).to(z.dtype)
+
+
+def _gelu(z):
+    cdf = 0.5 * (1.0 + torch.erf(z * _INV_SQRT_2))
+    return z * cdf, cdf + z * torch.exp(-0.5 * z * z) * _INV_SQRT_2PI
+
+
+def _gelu_tanh(z):
+    z2 = z * z
+    t = torch.tanh(_SQRT_2_OVER_PI * z * (1.0 + 0.044715 * z2))
+    half_1pt = 0.5 * (1.0 + t)
+    d = half_1pt + 0.5 * z * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * z2)
+    return z * half_1pt, d
+
+
+def _silu(z):
+    sg = torch.sigmoid(z)
+    s = z * sg
+    # σ'(z) = sg·(1 + z·(1 − sg)) = sg + s − s·sg
+    return s, sg + s - s * sg
+
+
+def _tanh(z):
+    t = torch.tanh(z)
+    return t, 1.0 - t * t
+
+
+def _sigmoid(z):
+    sg = torch.sigmoid(z)
+    return sg, sg - sg * sg
+
+
+def _softplus(z):
+    # F.softplus(beta=1, threshold=20) is linear above 20; its derivative there is 1.
+    return F.softplus(z), torch.where(z > 20, 1.0, torch.sigmoid(z)).to(z.dtype)
+
+
+def _relu2(z):
+    r = F.relu(z)
+    return r * r, 2.0 * r
+
+
+#: name -> z ↦ (σ(z), σ'(z)), for the registered activations of :mod:`qkmlp.activations`.
+FUSED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]] = {
+    "identity": _identity,
+    "relu": _relu,
+    "leaky_relu": _leaky_relu,
+    "gelu": _gelu,
+    "gelu_tanh": _gelu_tanh,
+    "silu": _silu,
+    "tanh": _tanh,
+    "sigmoid": _sigmoid,
+    "softplus": _softplus,
+    "relu2": _relu2,
+}
+
+
+def supports_fused(activation: Activation) -> bool:
+    """Whether ``activation`` is a registered one (the same object), so its derivative is known."""
+    return ACTIVATIONS.get(activation.name) is activation and activation.name in FUSED_ACTIVATIONS
+
+
+def activation_and_derivative(name: str, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(σ(z), σ'(z)) for a registered activation name, elementwise, in z's dtype."""
+    try:
+        fn = FUSED_ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(
+            f"no fused derivative for activation {name!r}; expected one of {', '.join(FUSED_ACTIVATIONS)}"
+        ) from None
+    return fn(z)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the elementwise math: float32 for float16/bfloat16, else ``dtype``."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _split(ab: torch.Tensor, m: int, r: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, 2mr) -> a, b views of shape (N, m, r), upcast to ``dtype`` (a copy only then)."""
+    n = ab.shape[0]
+    a = ab[:, : m * r].view(n, m, r) if ab.is_contiguous() else ab[:, : m * r].reshape(n, m, r)
+    b = ab[:, m * r:].view(n, m, r) if ab.is_contiguous() else ab[:, m * r:].reshape(n, m, r)
+    return a.to(dtype), b.to(dtype)
+
+
+def _sum_rank(t: torch.Tensor) -> torch.Tensor:
+    """(N, m, r) -> (N, m); no extra pass when r = 1."""
+    return t.squeeze(-1) if t.shape[-1] == 1 else t.sum(-1)
+
+
+# In-place σ for the activations that have one (used only on scratch buffers).
+_INPLACE = {
+    "identity": lambda z: z,
+    "relu": torch.relu_,
+    "leaky_relu": lambda z: F.leaky_relu(z, inplace=True),
+    "silu": lambda z: F.silu(z, inplace=True),
+    "tanh": torch.tanh_,
+    "sigmoid": torch.sigmoid_,
+}
+
+
+def _act_into(name: str, z: torch.Tensor) -> torch.Tensor:
+    """σ(z), overwriting z when σ has an in-place form (z must be a scratch buffer)."""
+    f = _INPLACE.get(name)
+    return f(z) if f is not None else ACTIVATIONS[name](z)
+
+
+def _gated_hidden(name: str, ab: torch.Tensor, m: int, r: int, cdt, *, scratch: bool) -> torch.Tensor:
+    """h = Σ_s σ(a_s) b_s, (N, m); overwrites ab when ``scratch`` (inference)."""
+    a, b = _split(ab, m, r, cdt)
+    own = scratch or ab.dtype != cdt   # may overwrite a: ab is scratch, or a is an upcast copy
+    if own:
+        s = _act_into(name, a)
+    else:
+        s = ACTIVATIONS[name](a)       # ab is saved for backward: σ(a) goes to a fresh buffer
+        own = name != "identity"       # ... except for the identity, which returns a itself
+    if r == 1 and own:
+        return s.mul_(b).squeeze(-1)
+    return _sum_rank(s * b)
+
+
+def _symmetric_hidden(name: str, ab: torch.Tensor, m: int, r: int, cdt, *, scratch: bool) -> torch.Tensor:
+    """h = σ(Σ_s a_s b_s), (N, m); overwrites ab when ``scratch`` (inference)."""
+    a, b = _split(ab, m, r, cdt)
+    if r == 1:
+        p = a.mul_(b) if (scratch or ab.dtype != cdt) else a * b
+        p = p.squeeze(-1)
+    else:
+        p = (a * b).sum(-1)
+    return _act_into(name, p)
+
+
+def _weight_grads(ctx, gab, x, w_qk, h, grad_y, value):
+    """The four backward GEMMs: dV = hᵀ·dy, dW_qk = dabᵀ·x, dx = dab·W_qk."""
+    grad_x = gab @ w_qk if ctx.needs_input_grad[0] else None
+    grad_w = gab.T @ x if ctx.needs_input_grad[1] else None
+    grad_v = h.T @ grad_y if ctx.needs_input_grad[2] else None
+    return grad_x, grad_w, grad_v
+
+
+def _grad_buffer(n: int, m: int, r: int, like: torch.Tensor):
+    """A (N, 2mr) buffer for d[a; b] and its two halves viewed as (N, m, r)."""
+    gab = torch.empty(n, 2 * m * r, dtype=like.dtype, device=like.device)
+    return gab, gab[:, : m * r].view(n, m, r), gab[:, m * r:].view(n, m, r)
+
+
+class GatedFn(torch.autograd.Function):
+    """y = (Σ_s σ(a_s) b_s) @ V with [a; b] = x @ W_qkᵀ. Saves x and [a; b] only.
+
+    Inputs: x (N, d), w_qk (2mr, d), value (m, d_out), all of one dtype; name of a
+    registered activation; m; r. Output (N, d_out).
+    """
+
+    @staticmethod
+    def forward(ctx, x, w_qk, value, name: str, m: int, r: int):
+        cdt = compute_dtype(x.dtype)
+        ab = x @ w_qk.T
+        h = _gated_hidden(name, ab, m, r, cdt, scratch=False)
+        y = h.to(x.dtype) @ value
+        ctx.save_for_backward(x, w_qk, value, ab)
+        ctx.name, ctx.m, ctx.r = name, m, r
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, w_qk, value, ab = ctx.saved_tensors
+        m, r, dt = ctx.m, ctx.r, x.dtype
+        cdt = compute_dtype(dt)
+        a, b = _split(ab, m, r, cdt)
+        s, ds = activation_and_derivative(ctx.name, a)   # recomputed, not saved
+        grad_h = (grad_y @ value.T).to(cdt).unsqueeze(-1)  # (N, m, 1)
+        gab, ga, gb = _grad_buffer(ab.shape[0], m, r, s)
+        gb.copy_(s).mul_(grad_h)                           # d/db of σ(a)·b
+        h = _sum_rank(s.mul_(b)).to(dt)                    # recomputed h (s is scratch now)
+        ga.copy_(b).mul_(grad_h).mul_(ds)                  # d/da of σ(a)·b
+        gx, gw, gv = _weight_grads(ctx, gab.to(dt), x, w_qk, h, grad_y, value)
+        return gx, gw, gv, None, None, None
+
+
+class SymmetricFn(torch.autograd.Function):
+    """y = σ(Σ_s a_s b_s) @ V with [a; b] = x @ W_qkᵀ. Saves x and [a; b] only."""
+
+    @staticmethod
+    def forward(ctx, x, w_qk, value, name: str, m: int, r: int):
+        cdt = compute_dtype(x.dtype)
+        ab = x @ w_qk.T
+        h = _symmetric_hidden(name, ab, m, r, cdt, scratch=False)
+        y = h.to(x.dtype) @ value
+        ctx.save_for_backward(x, w_qk, value, ab)
+        ctx.name, ctx.m, ctx.r = name, m, r
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, w_qk, value, ab = ctx.saved_tensors
+        m, r, dt = ctx.m, ctx.r, x.dtype
+        cdt = compute_dtype(dt)
+        a, b = _split(ab, m, r, cdt)
+        p = _sum_rank(a * b)                                # recomputed score (N, m)
+        s, ds = activation_and_derivative(ctx.name, p)
+        h = s.to(dt)
+        grad_p = ds.mul_((grad_y @ value.T).to(cdt)).unsqueeze(-1)
+        gab, ga, gb = _grad_buffer(ab.shape[0], m, r, ds)
+        ga.copy_(b).mul_(grad_p)
+        gb.copy_(a).mul_(grad_p)
+        gx, gw, gv = _weight_grads(ctx, gab.to(dt), x, w_qk, h, grad_y, value)
+        return gx, gw, gv, None, None, None
+
+
+def _check_args(x, w_qk, value, m, r):
+    if x.dim() != 2 or w_qk.dim() != 2 or value.dim() != 2:
+        raise ValueError(
+            f"expected x (N, d), w_qk (2·m·r, d), value (m, d_out); got {tuple(x.shape)}, "
+            f"{tuple(w_qk.shape)}, {tuple(value.shape)}"
+        )
+    if w_qk.shape != (2 * m * r, x.shape[1]) or value.shape[0] != m:
+        raise ValueError(
+            f"expected w_qk of shape (2·m·r, d)=({2 * m * r}, {x.shape[1]}) and value with "
+            f"m={m} rows; got {tuple(w_qk.shape)} and {tuple(value.shape)}"
+        )
+
+
+def _needs_grad(*ts) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
+
+
+def gated(x: torch.Tensor, w_qk: torch.Tensor, value: torch.Tensor, activation: str, m: int, r: int) -> torch.Tensor:
+    """Fused gated rank-r MLP on a 2-D batch: (N, d) -> (N, d_out). See :class:`GatedFn`."""
+    _check_args(x, w_qk, value, m, r)
+    if _needs_grad(x, w_qk, value):
+        return GatedFn.apply(x, w_qk, value, activation, m, r)
+    h = _gated_hidden(activation, x @ w_qk.T, m, r, compute_dtype(x.dtype), scratch=True)
+    return h.to(x.dtype) @ value
+
+
+def symmetric(x: torch.Tensor, w_qk: torch.Tensor, value: torch.Tensor, activation: str, m: int, r: int) -> torch.Tensor:
+    """Fused symmetric rank-r MLP on a 2-D batch: (N, d) -> (N, d_out). See :class:`SymmetricFn`."""
+    _check_args(x, w_qk, value, m, r)
+    if _needs_grad(x, w_qk, value):
+        return SymmetricFn.apply(x, w_qk, value, activation, m, r)
+    h = _symmetric_hidden(activation, x @ w_qk.T, m, r, compute_dtype(x.dtype), scratch=True)
+    return h.to(x.dtype) @ value
+
+
+def gated_reference(x, w_qk, value, activation: Callable, m: int, r: int) -> torch.Tensor:
+    """Plain-autograd gated path (any callable σ; elementwise math in float32 for halves)."""
+    cdt = compute_dtype(x.dtype)
+    ab = x @ w_qk.T
+    a, b = _split(ab, m, r, cdt)
+    return _sum_rank(activation(a) * b).to(x.dtype) @ value
+
+
+def symmetric_reference(x, w_qk, value, activation: Callable, m: int, r: int) -> torch.Tensor:
+    """Plain-autograd symmetric path (any callable σ; elementwise math in float32 for halves)."""
+    cdt = compute_dtype(x.dtype)
+    ab = x @ w_qk.T
+    a, b = _split(ab, m, r, cdt)
+    return activation(_sum_rank(a * b)).to(x.dtype) @ value
