@@ -14,6 +14,7 @@ from qkmlp.examples import (
     decode,
     fact_memory,
     key_value_from_mlp,
+    matrix_of_quadratic_form,
     product_data,
     product_layer,
     relative_mse,
@@ -166,3 +167,16 @@ def test_compare_on_product_small():
     assert res["bilinear"][0] < res["key_value"][0]
     with pytest.raises(ValueError, match="seeds"):
         compare_on_product(2, seeds=[])
+
+
+def test_matrix_of_quadratic_form_recovers_symmetric_part():
+    torch.manual_seed(1)
+    layer = BilinearAttentionMLP(5, 3, dtype=torch.float64)
+    S = matrix_of_quadratic_form(layer.scores, 5)
+    assert S.shape == (3, 5, 5)
+    torch.testing.assert_close(S, symmetric_part(layer).interaction)
+    A = torch.randn(4, 4, dtype=torch.float64)
+    single = matrix_of_quadratic_form(lambda x: ((x @ A) * x).sum(-1), 4)
+    torch.testing.assert_close(single, (A + A.T) / 2)
+    with pytest.raises(ValueError, match="score must map"):
+        matrix_of_quadratic_form(lambda x: x.sum(), 3)

@@ -12,6 +12,7 @@ of a second on a CPU.
   :func:`product_data` (the interaction y = x₁x₂), :func:`relative_mse`.
 - Bilinear attention (chapter 3): :func:`product_layer` (a two-slot layer that computes
   x₁x₂ exactly), :func:`symmetric_part`, :func:`antisymmetric_part`,
+  :func:`matrix_of_quadratic_form` (recover S from the values x S xᵀ),
   :func:`compare_on_product` (train a key-value and a bilinear MLP on x₁x₂).
 """
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "product_layer",
     "symmetric_part",
     "antisymmetric_part",
+    "matrix_of_quadratic_form",
     "compare_on_product",
 ]
 
@@ -277,6 +279,31 @@ def antisymmetric_part(layer: BilinearAttentionMLP) -> BilinearAttentionMLP:
     out = copy.deepcopy(layer)
     out.interaction.copy_((layer.interaction - layer.interaction.transpose(1, 2)) / 2)
     return out
+
+
+@torch.no_grad()
+def matrix_of_quadratic_form(score, d: int, dtype=torch.float64) -> torch.Tensor:
+    """The symmetric S with score(x) = x S xᵀ, from d(d+1)/2 evaluations (polarisation).
+
+    ``score`` maps a batch (n, d) to (n,) or (n, k) (k forms at once); the result has
+    shape (d, d) or (k, d, d). S_ii = score(e_i) and
+    S_ik = (score(e_i + e_k) − score(e_i) − score(e_k)) / 2. Correct whenever score is a
+    quadratic form; no check is made that it is one.
+    """
+    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+        raise ValueError(f"d must be a positive integer, got {d!r}")
+    eye = torch.eye(d, dtype=dtype)
+    i, k = torch.triu_indices(d, d, offset=1)
+    diag = score(eye)  # (d,) or (d, k)
+    pairs = score(eye[i] + eye[k])  # (p,) or (p, k)
+    if diag.dim() not in (1, 2) or diag.shape[0] != d:
+        raise ValueError(f"score must map (n, {d}) to (n,) or (n, k), got shape {tuple(diag.shape)}")
+    S = torch.zeros(d, d, *diag.shape[1:], dtype=diag.dtype)
+    S[torch.arange(d), torch.arange(d)] = diag
+    off = (pairs - diag[i] - diag[k]) / 2
+    S[i, k] = off
+    S[k, i] = off
+    return S if diag.dim() == 1 else S.permute(2, 0, 1)
 
 
 def compare_on_product(
