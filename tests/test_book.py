@@ -1,0 +1,139 @@
+"""The book builds as the README says (`jupyter-book build . -W -n --keep-going`), every
+page of the table of contents is there, and the HTML asks for nothing from the internet.
+
+The build itself (slow: it executes every notebook) is the session fixture `book_build`
+in conftest.py, shared with test_browser.py.
+"""
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.book, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+REMOTE = re.compile(r"^(https?:)?//", re.I)
+# Sphinx's own warnings ("file:line: WARNING: ..."), not the kernel's log lines on stderr.
+SPHINX_PROBLEM = re.compile(r"(^|: )(WARNING|ERROR|CRITICAL|SEVERE): ")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def toc_entries(toc: Path) -> list[str]:
+    """Every file of a Jupyter Book toc (without suffix), root first."""
+    data = yaml.safe_load(toc.read_text())
+    files = [data["root"]]
+
+    def walk(entries):
+        for entry in entries or []:
+            if "file" in entry:
+                files.append(entry["file"])
+            walk(entry.get("sections"))
+
+    for part in data.get("parts", []):
+        walk(part.get("chapters"))
+    walk(data.get("chapters"))
+    return files
+
+
+def html_pages(html: Path) -> list[Path]:
+    skip = {"_static", "_sources", "_images"}
+    return sorted(p for p in html.rglob("*.html") if not skip & set(p.relative_to(html).parts))
+
+
+class _Resources(HTMLParser):
+    """Collect the URLs a page loads by itself (not the ones a reader may click)."""
+
+    LOADS = {"script": "src", "img": "src", "iframe": "src", "source": "src", "video": "src",
+             "audio": "src", "embed": "src", "object": "data"}
+
+    def __init__(self):
+        super().__init__()
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag in self.LOADS and a.get(self.LOADS[tag]):
+            self.urls.append(a[self.LOADS[tag]])
+        if tag == "link" and a.get("href"):
+            rel = (a.get("rel") or "").lower()
+            if any(r in rel for r in ("stylesheet", "preload", "icon", "modulepreload", "prefetch")):
+                self.urls.append(a["href"])
+
+
+def test_book_builds_with_warnings_as_errors(book_build):
+    if book_build.returncode is None:
+        pytest.skip(f"QKMLP_BOOK_HTML is set: reusing {book_build.html}, nothing was built")
+    problems = [line for line in ANSI.sub("", book_build.log).splitlines() if SPHINX_PROBLEM.search(line)]
+    assert book_build.returncode == 0, (
+        f"jupyter-book build -W -n failed (exit {book_build.returncode}); full log in "
+        f"test-artifacts/book/build.log. Warnings/errors:\n" + "\n".join(problems[:60])
+        + ("\n" if problems else "\nlast lines:\n" + "\n".join(book_build.log.splitlines()[-40:]))
+    )
+    assert not problems, "\n".join(problems[:60])
+    assert (book_build.html / "index.html").is_file()
+
+
+def test_every_toc_page_is_built(book_build):
+    missing = [f for f in toc_entries(book_build.toc) if not (book_build.html / f"{f}.html").is_file()]
+    assert not missing, f"pages of {book_build.toc.name} missing from the build: {missing}"
+
+
+def test_pages_load_nothing_from_the_internet(book_build):
+    """Static half of the offline proof (the browser test is the dynamic half)."""
+    remote = {}
+    pages = html_pages(book_build.html)
+    assert pages, f"no HTML pages under {book_build.html}"
+    for page in pages:
+        parser = _Resources()
+        parser.feed(page.read_text(errors="replace"))
+        urls = [u for u in parser.urls if REMOTE.match(u)]
+        if urls:
+            remote[str(page.relative_to(book_build.html))] = urls
+    for css in (book_build.html / "_static").rglob("*.css"):
+        urls = re.findall(r"""(?:@import\s+|url\()\s*['"]?((?:https?:)?//[^'")\s]+)""", css.read_text(errors="replace"))
+        if urls:
+            remote[str(css.relative_to(book_build.html))] = urls
+    assert not remote, f"resources loaded from other hosts: {remote}"
+
+
+def test_mathjax_is_served_from_the_build(book_build):
+    html = book_build.html
+    script = html / "_static" / "mathjax" / "tex-chtml.js"
+    assert script.is_file() and script.stat().st_size > 100_000, f"{script} missing or truncated"
+    fonts = list((html / "_static" / "mathjax" / "output" / "chtml" / "fonts" / "woff-v2").glob("*.woff"))
+    assert len(fonts) > 10, "MathJax CHTML web fonts are not in the build"
+    for f in toc_entries(book_build.toc):
+        text = (html / f"{f}.html").read_text()
+        if 'class="math' in text:
+            assert re.search(r'<script[^>]+src="[./]*_static/mathjax/tex-chtml\.js(\?[^"]*)?"', text), \
+                f"{f}.html has math but does not load the bundled MathJax"
+
+
+def test_notebook_pages_offer_the_notebook_for_download(book_build):
+    notebooks = [f for f in toc_entries(book_build.toc) if (ROOT / f"{f}.ipynb").exists()]
+    if not notebooks:
+        pytest.skip(f"no notebook in {book_build.toc.name} yet")
+    bad = []
+    for f in notebooks:
+        name = Path(f).name
+        page = (book_build.html / f"{f}.html").read_text()
+        link = re.search(rf'href="([./]*_sources/{re.escape(f)}\.ipynb)"[^>]*download', page) or \
+            re.search(rf'href="([./]*_sources/{re.escape(f)}\.ipynb)"', page)
+        source = book_build.html / "_sources" / f"{f}.ipynb"
+        if not link or not source.is_file() or source.stat().st_size == 0:
+            bad.append(name)
+    assert not bad, f"no working .ipynb download button on: {bad}"
+
+
+def test_landing_page_and_metadata(book_build):
+    index = (book_build.html / "index.html").read_text()
+    root = toc_entries(book_build.toc)[0]
+    assert f"{root}.html" in index, "index.html must lead to the landing page"
+    landing = (book_build.html / f"{root}.html").read_text()
+    assert "reading path" in landing.lower(), "the landing page should give the reading path"
+    assert re.search(r"©\s*Copyright\s*2026|&#169;\s*Copyright\s*2026|Copyright\s*2026", landing)
+    assert "The qkmlp authors" in landing
