@@ -304,8 +304,10 @@ class TinyTransformer(nn.Module):
 
 
 def _recall_cells(cfg):
-    cells = [{"family": f, "m_kv": m} for m in cfg["sizes"] for f in cfg["families"]]
-    return cells
+    """Every family at every size in ``sizes``; rank > 1 families only at ``rank_r_sizes``."""
+    rank_r_sizes = cfg.get("rank_r_sizes", cfg["sizes"])
+    return [{"family": f, "m_kv": m} for m in cfg["sizes"] for f in cfg["families"]
+            if get_family(f).rank == 1 or m in rank_r_sizes]
 
 
 def _recall_run(cell, seed, cfg, device):
@@ -356,7 +358,7 @@ TASKS: dict[str, Task] = {
     ),
     "recall": Task(
         "recall",
-        defaults=dict(families=_ALL, sizes=[8, 16, 32], n_subjects=64, n_relations=8, n_values=32,
+        defaults=dict(families=_ALL, sizes=[6, 12, 24], rank_r_sizes=[12], n_subjects=64, n_relations=8, n_values=32,
                       n_filler=16, seq_len=6, d=32, n_train=8192, n_test=2048, steps=1000,
                       batch_size=128, lr=5e-3, n_evals=10),
         quick=dict(families=["kv-relu", "gated1-silu"], sizes=[4], n_subjects=4, n_relations=2, n_values=4,
