@@ -1,0 +1,195 @@
+"""Headless tests of qkmlp.widgets: set a control, check numbers and figure follow the theorems."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("ipywidgets")
+pytest.importorskip("matplotlib")
+
+from qkmlp import activation_names, get_activation  # noqa: E402
+from qkmlp.widgets import (  # noqa: E402
+    SymmetryExplorer,
+    component_products,
+    default_alphas,
+    make_layer,
+    measure,
+    scaling_sweep,
+    symmetry_explorer,
+)
+
+TOL = 1e-12  # float64: "invariant" means ≤ a few ulps of relative change
+BREAK = 1e-3  # what the theorems say breaks must break by at least this on generic weights
+
+
+@pytest.fixture(scope="module")
+def ex():
+    return symmetry_explorer(activation="silu", form="gated", alpha=2.0, rank=1)
+
+
+def test_controls_are_widgets(ex):
+    import ipywidgets as W
+
+    for name in ("alpha", "activation", "form", "rank"):
+        assert isinstance(getattr(ex, name), W.ValueWidget), name
+    assert set(ex.activation.options) == set(activation_names())
+    alphas = [v for _, v in ex.alpha.options]
+    assert min(alphas) < 0 < max(alphas) and -1.0 in alphas and 1.0 in alphas
+    assert set(ex.form.options) == {"gated", "symmetric"}
+
+
+def test_default_alphas_log_spaced_and_signed():
+    a = default_alphas(4.0, 4)
+    pos = [v for v in a if v > 0]
+    assert [-v for v in reversed(pos)] == [v for v in a if v < 0]
+    ratios = np.diff(np.log2(pos))
+    np.testing.assert_allclose(ratios, 0.25)
+    assert {0.25, 0.5, 1.0, 2.0, 4.0} <= set(pos)
+
+
+@pytest.mark.parametrize("name", activation_names())
+@pytest.mark.parametrize("alpha", [-4.0, -1.0, 0.5, 2.0])
+def test_numbers_follow_theorems_gated(ex, name, alpha):
+    with ex.hold():
+        ex.form.value = "gated"
+        ex.rank.value = 1
+        ex.activation.value = name
+        ex.alpha.value = alpha
+    n = ex.numbers()
+    assert (n["activation"], n["alpha"]) == (name, alpha)
+    act = get_activation(name)
+    # what the theorems say, stated from the activation's properties (not the predicates)
+    inv = act.is_linear or (alpha > 0 and act.homogeneity_degree == 1) or (alpha == -1.0 and act.is_odd)
+    assert n["scale_predicted_invariant"] is inv
+    assert n["swap_predicted_invariant"] is act.is_linear
+    if inv:
+        assert n["scale_change"] <= TOL
+    else:
+        assert n["scale_change"] > BREAK
+    if act.is_linear:
+        assert n["swap_change"] <= TOL
+    else:
+        assert n["swap_change"] > BREAK
+
+
+def test_relu2_factor(ex):
+    ex.form.value = "gated"
+    ex.activation.value = "relu2"
+    for alpha in (0.5, 2.0, 4.0):
+        ex.alpha.value = alpha
+        n = ex.numbers()
+        assert n["scale_predicted_change"] == pytest.approx(abs(alpha - 1))
+        assert n["scale_change"] == pytest.approx(abs(alpha - 1), rel=1e-12)
+
+
+@pytest.mark.parametrize("rank", [1, 3])
+def test_symmetric_form_always_invariant(ex, rank):
+    ex.form.value = "symmetric"
+    ex.rank.value = rank
+    assert ex.layer.rank == rank
+    for name in ("silu", "relu2", "tanh"):
+        for alpha in (-4.0, -1.0, 0.25, 2.0):
+            with ex.hold():
+                ex.activation.value = name
+                ex.alpha.value = alpha
+            n = ex.numbers()
+            assert n["scale_predicted_invariant"] and n["swap_predicted_invariant"]
+            assert n["scale_change"] <= TOL and n["swap_change"] <= TOL
+    ex.rank.value = 1
+
+
+def test_rank_control_rebuilds_layer(ex):
+    ex.form.value = "gated"
+    ex.activation.value = "relu"
+    ex.alpha.value = 2.0
+    ex.rank.value = 2
+    n = ex.numbers()
+    assert ex.layer.rank == 2 and n["rank"] == 2
+    assert n["scale_change"] <= TOL and n["swap_change"] > BREAK
+    ex.rank.value = 1
+
+
+def test_figure_updates_in_place(ex):
+    ex.form.value = "gated"
+    ex.activation.value = "silu"
+    ex.alpha.value = 1.0
+    n_axes = len(ex.figure.axes)
+    png_before = ex.image.value
+    off = ex.scale_points.get_offsets()
+    np.testing.assert_allclose(off[:, 0], off[:, 1], atol=1e-15)  # α = 1: on the diagonal
+    ex.alpha.value = 2.0
+    off = np.asarray(ex.scale_points.get_offsets())
+    a, b = ex._a, ex._b
+    silu = get_activation("silu")
+    expected = (silu(torch.tensor(2.0 * a)) * torch.tensor(b / 2.0)).numpy()
+    np.testing.assert_allclose(off[:, 1], expected, rtol=1e-12, atol=1e-15)
+    assert np.abs(off[:, 0] - off[:, 1]).max() > BREAK  # off the diagonal: the break is visible
+    assert ex.image.value != png_before and ex.image.value[:4] == b"\x89PNG"
+    assert len(ex.figure.axes) == n_axes  # the same figure, no new axes
+    assert "breaks" in ex.readout.value
+
+
+def test_component_products_relations():
+    a = np.linspace(-2, 2, 9)
+    b = np.linspace(1.5, -1.5, 9)
+    p0, pa, ps = component_products("gated", "relu2", 3.0, a, b)
+    np.testing.assert_allclose(pa, 3.0 * p0, rtol=1e-14)  # α^(p−1) with p = 2
+    p0, pa, ps = component_products("symmetric", "gelu", -2.0, a, b)
+    np.testing.assert_allclose(pa, p0, rtol=1e-14)
+    np.testing.assert_allclose(ps, pa, rtol=1e-14)
+    with pytest.raises(ValueError, match="same shape"):
+        component_products("gated", "relu", 2.0, a, b[:3])
+
+
+def test_measure_agrees_with_sweep():
+    alphas = [-2.0, 0.5, 3.0]
+    sw = scaling_sweep("gated", alphas, ["gelu", "relu"])
+    x = __import__("qkmlp.widgets", fromlist=["make_batch"]).make_batch()
+    layer = make_layer("gated", "gelu")
+    for i, a in enumerate(alphas):
+        assert sw["gelu"][i] == measure(layer, x, a)["scale_change"]
+    assert sw["relu"][2] <= TOL and sw["relu"][0] > BREAK
+
+
+def test_same_weights_across_forms_and_activations():
+    g = make_layer("gated", "silu", 2)
+    s = make_layer("symmetric", "relu", 2)
+    assert torch.equal(g.query, s.query) and torch.equal(g.key, s.key) and torch.equal(g.value, s.value)
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="unknown activation"):
+        SymmetryExplorer(activations=["relu", "nope"])
+    with pytest.raises(ValueError, match="alpha must be one of"):
+        SymmetryExplorer(alpha=3.14159)
+    with pytest.raises(ValueError, match="unknown form"):
+        make_layer("dense", "relu")
+    with pytest.raises(ValueError, match="rank"):
+        SymmetryExplorer(rank=0)
+    with pytest.raises(ValueError, match="max_alpha"):
+        default_alphas(0.5)
+
+
+def test_hold_redraws_once(ex):
+    ex.alpha.value = 1.0
+    calls = []
+    orig = ex.figure.savefig
+    ex.figure.savefig = lambda *a, **k: (calls.append(1), orig(*a, **k))
+    try:
+        with ex.hold():
+            ex.activation.value = "tanh"
+            ex.alpha.value = -1.0
+            ex.form.value = "gated"
+    finally:
+        del ex.figure.savefig
+    assert len(calls) == 1
+    assert ex.numbers()["scale_change"] <= TOL  # tanh is odd: α = −1 is a symmetry
+
+
+def test_repr_mimebundle(ex):
+    bundle = ex._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert math.isfinite(ex.numbers()["scale_change"])
