@@ -144,6 +144,8 @@ def measure_symmetry(
     if isinstance(n_inputs, bool) or not isinstance(n_inputs, int) or n_inputs < 1:
         raise ValueError(f"n_inputs must be a positive integer, got {n_inputs!r}")
     layer64 = copy.deepcopy(layer).to(device="cpu", dtype=torch.float64)
+    if hasattr(layer64, "fused"):
+        layer64.fused = False  # plain autograd formula: torch.func needs no custom Function
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n_inputs, layer.d_model, generator=gen, dtype=torch.float64)
     J = jacobian(layer64, x)

@@ -1,0 +1,236 @@
+"""Tests of qkmlp.symmetry_group: measured vs predicted symmetry dimension, and more."""
+import itertools
+
+import pytest
+import torch
+
+import qkmlp
+from qkmlp import (
+    BilinearAttentionMLP,
+    GatedMLP,
+    KeyValueMLP,
+    StaticQueryMLP,
+    SymmetricBilinearMLP,
+)
+from qkmlp.symmetry import predicted_symmetry_dimension, relative_change, symmetry_dimension
+from qkmlp.symmetry_group import (
+    conserved_quantities,
+    effective_parameter_count,
+    factor_fiber_dimension,
+    measure_symmetry,
+    odd_sign_flip,
+    slot_permuted,
+    symmetry_breakdown,
+)
+
+
+def _layer(cls, act, d=5, m=2, d_out=3, rank=None, seed=0):
+    torch.manual_seed(seed)
+    kw = {} if rank is None else {"rank": rank}
+    return cls(d, m, d_out, activation=act, **kw)
+
+
+# --- closed forms, written out independently of the library's formulas ------------------
+
+@pytest.mark.parametrize("m,d,d_out", [(2, 5, 3), (3, 4, 4)])
+def test_key_value_linear_is_gl_m(m, d, d_out):
+    # σ = identity, m ≤ min(d, d_out): f = x KᵀV and the fiber is GL(m), dimension m².
+    layer = _layer(KeyValueMLP, "identity", d, m, d_out)
+    assert symmetry_dimension(layer) == m * m
+    assert predicted_symmetry_dimension(layer) == m * m
+
+
+def test_key_value_linear_beyond_d():
+    # m > d: KᵀV is any d×d_out matrix (rank d), so the fiber is m(d+d_out) − d·d_out.
+    d, m, d_out = 3, 5, 4
+    layer = _layer(KeyValueMLP, "identity", d, m, d_out)
+    expected = m * (d + d_out) - d * d_out
+    assert expected != m * m
+    assert symmetry_dimension(layer) == expected == predicted_symmetry_dimension(layer)
+
+
+@pytest.mark.parametrize("act,expected_per_slot", [("relu", 1), ("leaky_relu", 1), ("relu2", 1), ("silu", 0), ("tanh", 0), ("gelu", 0)])
+def test_key_value_nonlinear(act, expected_per_slot):
+    layer = _layer(KeyValueMLP, act, 4, 3, 2)
+    assert symmetry_dimension(layer) == 3 * expected_per_slot == predicted_symmetry_dimension(layer)
+
+
+def test_static_query_adds_gl_d():
+    d, m = 4, 3
+    for act, kv in [("silu", 0), ("relu", m)]:
+        layer = _layer(StaticQueryMLP, act, d, m, 2)
+        assert symmetry_dimension(layer) == d * d + kv == predicted_symmetry_dimension(layer)
+
+
+def test_dense_antisymmetric_part_invisible():
+    d, m = 4, 2
+    for act, extra in [("silu", 0), ("relu", m), ("identity", m * m)]:
+        layer = _layer(BilinearAttentionMLP, act, d, m, 3)
+        assert symmetry_dimension(layer) == m * d * (d - 1) // 2 + extra == predicted_symmetry_dimension(layer)
+
+
+@pytest.mark.parametrize("r", [1, 2, 3])
+def test_symmetric_form_is_o_r_r(r):
+    # 2r ≤ d: per slot the fiber is O(r, r), dimension r(2r − 1) = 2r² − r, larger than GL(r)'s r² for r ≥ 2.
+    d, m = 7, 2
+    layer = _layer(SymmetricBilinearMLP, "silu", d, m, 2, rank=r)
+    assert symmetry_dimension(layer) == m * (2 * r * r - r)
+    if r >= 2:
+        assert 2 * r * r - r > r * r
+
+
+def test_symmetric_form_beyond_half_d():
+    # 2r > d: sym(QᵀK) fills an open set of symmetric d×d matrices; fiber 2rd − d(d+1)/2.
+    d, m, r = 4, 2, 3
+    layer = _layer(SymmetricBilinearMLP, "silu", d, m, 2, rank=r)
+    per_slot = 2 * r * d - d * (d + 1) // 2
+    assert per_slot == 14 and per_slot < r * (2 * r - 1)
+    assert symmetry_dimension(layer) == m * per_slot == predicted_symmetry_dimension(layer)
+    assert factor_fiber_dimension(r, d) == per_slot
+
+
+@pytest.mark.parametrize("act,per_slot", [("silu", lambda r: 1), ("tanh", lambda r: 1), ("relu", lambda r: 1 + r), ("relu2", lambda r: 1 + r)])
+@pytest.mark.parametrize("r", [1, 2])
+def test_gated_form(act, per_slot, r):
+    m = 3
+    layer = _layer(GatedMLP, act, 5, m, 2, rank=r)
+    assert symmetry_dimension(layer) == m * per_slot(r) == predicted_symmetry_dimension(layer)
+
+
+def test_gated_linear_equals_symmetric_linear():
+    a = _layer(GatedMLP, "identity", 6, 2, 3, rank=2)
+    b = _layer(SymmetricBilinearMLP, "identity", 6, 2, 3, rank=2)
+    assert symmetry_dimension(a) == symmetry_dimension(b) == predicted_symmetry_dimension(a)
+    assert predicted_symmetry_dimension(a) == 2 * (2 * 4 - 2) + 2  # O(2,2) per slot + one rescaling per slot
+
+
+def test_predicted_matches_measured_grid():
+    for act, r in itertools.product(["identity", "relu", "relu2", "silu", "gelu_tanh"], [1, 2]):
+        for cls in (SymmetricBilinearMLP, GatedMLP):
+            layer = _layer(cls, act, 6, 2, 3, rank=r, seed=1)
+            assert symmetry_dimension(layer) == predicted_symmetry_dimension(layer), (cls, act, r)
+
+
+def test_effective_parameter_count():
+    layer = _layer(GatedMLP, "silu", 5, 3, 2, rank=2)
+    n = sum(p.numel() for p in layer.parameters())
+    assert effective_parameter_count(layer) == n - 3
+
+
+# --- the measurement itself ------------------------------------------------------------
+
+def test_measurement_reports_a_clear_gap_and_does_not_touch_the_layer():
+    layer = _layer(SymmetricBilinearMLP, "silu", 5, 2, 3, rank=2)
+    before = [p.detach().clone() for p in layer.parameters()]
+    res = measure_symmetry(layer)
+    assert res.gap > 1e8
+    assert res.smallest_kept > 1e-6 and res.largest_dropped < 1e-12
+    assert res.singular_values.shape == (res.n_params,)
+    assert all(torch.equal(a, b) for a, b in zip(before, layer.parameters()))
+    assert next(layer.parameters()).dtype == torch.float32
+
+
+def test_too_few_inputs_overcounts():
+    layer = _layer(SymmetricBilinearMLP, "silu", 4, 3, 3, rank=1)
+    assert symmetry_dimension(layer, n_inputs=3) > predicted_symmetry_dimension(layer)
+
+
+def test_ambiguous_rank_raises():
+    layer = _layer(KeyValueMLP, "silu", 4, 3, 2)
+    with pytest.raises(RuntimeError, match="ambiguous"):
+        measure_symmetry(layer, rtol=0.5, min_gap=1e4)
+
+
+def test_dead_relu_slot_is_a_boundary_case():
+    # A negative definite S_j makes slot j dead on every input: all its d² + d_out
+    # parameters become free, instead of the generic d(d−1)/2 + 1.
+    d, m, d_out = 4, 2, 3
+    layer = _layer(BilinearAttentionMLP, "relu", d, m, d_out)
+    with torch.no_grad():
+        layer.interaction[0] = -torch.eye(d)
+    extra = (d * d + d_out) - (d * (d - 1) // 2 + 1)
+    assert symmetry_dimension(layer) == predicted_symmetry_dimension(layer) + extra
+
+
+def test_bad_input():
+    with pytest.raises(TypeError, match="qkmlp layers"):
+        symmetry_dimension(torch.nn.Linear(3, 3))
+    with pytest.raises(TypeError, match="qkmlp layers"):
+        predicted_symmetry_dimension(torch.nn.Linear(3, 3))
+    layer = _layer(KeyValueMLP, "relu", 3, 2, 2)
+    with pytest.raises(ValueError, match="n_inputs"):
+        measure_symmetry(layer, n_inputs=0)
+    with pytest.raises(ValueError, match="rtol"):
+        measure_symmetry(layer, rtol=0.0)
+    # outside the derived regime the prediction says so instead of guessing
+    with pytest.raises(ValueError, match="no closed form"):
+        predicted_symmetry_dimension(_layer(SymmetricBilinearMLP, "identity", 6, 6, 3, rank=1))
+
+
+def test_breakdown_names_the_parts():
+    parts = symmetry_breakdown(_layer(GatedMLP, "relu2", 5, 3, 2, rank=2))
+    assert sorted(parts.values()) == [3, 6]
+
+
+# --- discrete symmetries and conserved quantities -------------------------------------
+
+def test_slot_permutation_is_a_symmetry_of_every_layer():
+    x = torch.randn(16, 4)
+    perm = [2, 0, 1]
+    for cls in (KeyValueMLP, StaticQueryMLP, BilinearAttentionMLP, SymmetricBilinearMLP, GatedMLP):
+        layer = _layer(cls, "silu", 4, 3, 2)
+        assert relative_change(layer, slot_permuted(layer, perm), x) < 1e-6
+    with pytest.raises(ValueError, match="permutation"):
+        slot_permuted(layer, [0, 0, 1])
+
+
+def test_odd_sign_flip_needs_odd_sigma():
+    x = torch.randn(16, 4)
+    for cls in (KeyValueMLP, BilinearAttentionMLP, SymmetricBilinearMLP, GatedMLP):
+        assert relative_change(_layer(cls, "tanh", 4, 3, 2), odd_sign_flip(_layer(cls, "tanh", 4, 3, 2), 1), x) < 1e-6
+        assert relative_change(_layer(cls, "silu", 4, 3, 2), odd_sign_flip(_layer(cls, "silu", 4, 3, 2), 1), x) > 1e-2
+    with pytest.raises(ValueError, match="slot"):
+        odd_sign_flip(_layer(KeyValueMLP, "tanh", 4, 3, 2), 3)
+
+
+def test_conserved_quantities_under_small_step_gradient_descent():
+    from qkmlp.training import fit
+
+    def qk_gap(layer):  # |q|^2 - |k|^2 per component: conserved only where q -> cq, k -> k/c is a symmetry
+        return (layer.query.double().pow(2).sum(-1) - layer.key.double().pow(2).sum(-1)).detach()
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 4, dtype=torch.float64)
+    drift = {}
+    for cls in (SymmetricBilinearMLP, GatedMLP):
+        with torch.no_grad():
+            y = 2 * cls(4, 3, 2, rank=2, activation="silu", dtype=torch.float64)(x)  # a teacher
+        layer = cls(4, 3, 2, rank=2, activation="silu", dtype=torch.float64)
+        c0, g0 = conserved_quantities(layer), qk_gap(layer)
+        losses = fit(layer, x, y, steps=100, lr=0.05, optimizer="sgd")  # time lr·steps = 5
+        c1, g1 = conserved_quantities(layer), qk_gap(layer)
+        assert losses[-1] < 0.9 * losses[0]
+        assert c0, cls
+        for k in c0:
+            assert (c1[k] - c0[k]).abs().max() < 1e-3 * (1 + c0[k].abs().max()), (cls, k)
+        drift[cls] = float((g1 - g0).abs().max())
+    # the symmetric form conserves it (it is the diagonal of QQt-KKt), the gated silu form does not
+    assert drift[SymmetricBilinearMLP] < 1e-3
+    assert drift[GatedMLP] > 10 * drift[SymmetricBilinearMLP]
+
+
+def test_weight_decay_shrinks_conserved_quantity_geometrically():
+    from qkmlp.training import fit
+
+    torch.manual_seed(1)
+    x = torch.randn(64, 4, dtype=torch.float64)
+    y = torch.randn(64, 2, dtype=torch.float64)
+    layer = GatedMLP(4, 3, 2, rank=1, activation="silu", dtype=torch.float64)
+    lr, wd, steps = 0.01, 0.5, 100
+    c0 = conserved_quantities(layer)["|K|^2-|v|^2"]
+    fit(layer, x, y, steps=steps, lr=lr, optimizer="sgd", weight_decay=wd)
+    c1 = conserved_quantities(layer)["|K|^2-|v|^2"]
+    # one SGD step with decay: C -> (1 - lr·wd)² C + O(lr²)
+    expected = (1 - lr * wd) ** (2 * steps)
+    assert expected < 0.5
+    assert torch.allclose(c1, expected * c0, atol=1e-3, rtol=1e-2)
