@@ -57,7 +57,7 @@ def _relu(z):
 
 
 def _leaky_relu(z):
-    return F.leaky_relu(z), torch.where(z > 0, 1.0, 0.01).to(z.dtype)
+    return F.leaky_relu(z), torch.where(z > 0, torch.ones_like(z), torch.full_like(z, 0.01))
 
 
 def _gelu(z):
@@ -92,7 +92,7 @@ def _sigmoid(z):
 
 def _softplus(z):
     # F.softplus(beta=1, threshold=20) is linear above 20; its derivative there is 1.
-    return F.softplus(z), torch.where(z > 20, 1.0, torch.sigmoid(z)).to(z.dtype)
+    return F.softplus(z), torch.where(z > 20, torch.ones_like(z), torch.sigmoid(z))
 
 
 def _relu2(z):

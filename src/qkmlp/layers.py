@@ -256,7 +256,7 @@ class _RankRBase(_QKMLPBase):
         x2 = x.reshape(-1, self.d_model)
         w, v = self._packed_weight(), self.value
         dev = x.device.type
-        if torch.is_autocast_enabled(dev):
+        if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
             # Autocast: GEMMs in the autocast dtype, elementwise math still in float32.
             dt = torch.get_autocast_dtype(dev)
             x2, w, v = x2.to(dt), w.to(dt), v.to(dt)

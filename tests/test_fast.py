@@ -1,0 +1,295 @@
+"""Correctness of the fast paths (qkmlp.functional) and the benchmark's plumbing.
+
+Speeds are never asserted here; see ``python -m qkmlp.bench``.
+"""
+import copy
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import qkmlp
+from qkmlp import functional as fn
+from qkmlp import (
+    BilinearAttentionMLP,
+    GatedMLP,
+    KeyValueMLP,
+    StaticQueryMLP,
+    SymmetricBilinearMLP,
+    activation_names,
+    get_activation,
+)
+from qkmlp.bench import LlamaMLP, saved_bytes
+
+import reference as R
+
+FACTORED = [(GatedMLP, R.gated), (SymmetricBilinearMLP, R.symmetric)]
+ALL = [KeyValueMLP, StaticQueryMLP, BilinearAttentionMLP, SymmetricBilinearMLP, GatedMLP]
+
+
+def _grads(layer, x, gy):
+    y = layer(x)
+    return (y, *torch.autograd.grad(y, [x, *layer.parameters()], gy))
+
+
+def _pair(cls, act, rank, d=7, m=5, d_out=3, dtype=torch.float64, seed=0):
+    torch.manual_seed(seed)
+    fast = cls(d, m, d_out, rank=rank, activation=act, dtype=dtype)
+    plain = copy.deepcopy(fast)
+    plain.fused = False
+    return fast, plain
+
+
+@pytest.mark.parametrize("cls,ref", FACTORED)
+@pytest.mark.parametrize("act", activation_names())
+@pytest.mark.parametrize("rank", [1, 3])
+def test_fused_matches_plain_autograd_float64(cls, ref, act, rank):
+    fast, plain = _pair(cls, act, rank)
+    assert fn.supports_fused(fast.activation)
+    x = torch.randn(2, 4, 7, dtype=torch.float64, requires_grad=True)
+    gy = torch.randn(2, 4, 3, dtype=torch.float64)
+    got, want = _grads(fast, x, gy), _grads(plain, x, gy)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+    # and the formula itself, slot by slot
+    torch.testing.assert_close(got[0], ref(x, fast.query, fast.key, fast.value, get_activation(act)))
+
+
+@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh", "tanh", "softplus", "sigmoid"])
+def test_fused_backward_gradcheck(cls, act):
+    """The hand-written backward against finite differences (smooth activations)."""
+    torch.manual_seed(1)
+    m, r, d, o = 3, 2, 4, 5
+    x = torch.randn(6, d, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2 * m * r, d, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(m, o, dtype=torch.float64, requires_grad=True)
+    f = fn.gated if cls is GatedMLP else fn.symmetric
+    assert torch.autograd.gradcheck(lambda x, w, v: f(x, w, v, act, m, r), (x, w, v))
+
+
+@pytest.mark.parametrize("cls,ref", FACTORED)
+@pytest.mark.parametrize("lead", [(), (5,), (2, 3), (1, 2, 2)])
+def test_any_leading_shape_and_inference_path(cls, ref, lead):
+    torch.manual_seed(2)
+    layer = cls(6, 4, 9, rank=2, dtype=torch.float64)
+    x = torch.randn(*lead, 6, dtype=torch.float64)
+    with torch.no_grad():
+        y = layer(x)                       # the in-place inference path
+    assert y.shape == (*lead, 9)
+    torch.testing.assert_close(y, ref(x, layer.query, layer.key, layer.value, layer.activation))
+    torch.testing.assert_close(y, layer(x.requires_grad_()).detach())   # the autograd path
+
+
+@pytest.mark.parametrize("cls,ref", FACTORED)
+@pytest.mark.parametrize("act", ["identity", "silu", "relu", "tanh", "gelu"])
+def test_inference_path_leaves_weights_and_input_alone(cls, ref, act):
+    torch.manual_seed(3)
+    layer = cls(5, 4, rank=1, activation=act)
+    x = torch.randn(8, 5)
+    before = [p.clone() for p in layer.parameters()], x.clone()
+    with torch.no_grad():
+        y1, y2 = layer(x), layer(x)
+    torch.testing.assert_close(y1, y2, rtol=0, atol=0)
+    for p, q in zip(layer.parameters(), before[0]):
+        assert torch.equal(p, q)
+    assert torch.equal(x, before[1])
+
+
+@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("rank", [1, 4])
+def test_float32_gradients_close_to_float64(cls, rank):
+    fast, _ = _pair(cls, "silu", rank, d=16, m=12, d_out=10, dtype=torch.float32)
+    exact = copy.deepcopy(fast).double()
+    x = torch.randn(3, 11, 16)
+    gy = torch.randn(3, 11, 10)
+    got = _grads(fast, x.clone().requires_grad_(), gy)
+    want = _grads(exact, x.double().requires_grad_(), gy.double())
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w.float(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rank", [1, 2])
+def test_half_dtypes_keep_elementwise_math_in_float32(cls, dtype, rank):
+    torch.manual_seed(4)
+    layer = cls(16, 12, 8, rank=rank, dtype=dtype)
+    x = torch.randn(5, 16, dtype=dtype, requires_grad=True)
+    y = layer(x)
+    assert y.dtype == dtype
+    # expected: GEMMs in the half dtype, σ and the product in float32, cast before V
+    mr = 12 * rank
+    ab = (x @ layer._packed_weight().T).float()
+    a, b = ab[:, :mr].reshape(5, 12, rank), ab[:, mr:].reshape(5, 12, rank)
+    act = layer.activation
+    h = (act(a) * b).sum(-1) if cls is GatedMLP else act((a * b).sum(-1))
+    want = h.to(dtype) @ layer.value
+    torch.testing.assert_close(y, want, rtol=0, atol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), want, rtol=0, atol=0)
+    # gradients: in dtype, and close to the float64 gradients of the same weights
+    gy = torch.randn_like(y)
+    got = torch.autograd.grad(y, [x, *layer.parameters()], gy)
+    exact = copy.deepcopy(layer).double()
+    xd = x.detach().double().requires_grad_()
+    want_g = torch.autograd.grad(exact(xd), [xd, *exact.parameters()], gy.double())
+    for g, w in zip(got, want_g):
+        assert g.dtype == dtype
+        err = (g.double() - w).norm() / w.norm()
+        assert err < 3e-2, err
+
+
+@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+def test_autocast_bfloat16(cls):
+    torch.manual_seed(5)
+    layer = cls(16, 12, 8, rank=2)
+    x = torch.randn(4, 16, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert layer.query_key.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
+    ref = layer(x.detach())
+    assert ((y.float() - ref).norm() / ref.norm()) < 3e-2
+
+
+@pytest.mark.parametrize("cls", ALL)
+def test_torch_compile_fullgraph(cls):
+    torch.manual_seed(6)
+    kw = {"rank": 2} if cls in (GatedMLP, SymmetricBilinearMLP) else {}
+    layer = cls(8, 6, 5, **kw)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    x = torch.randn(3, 4, 8, requires_grad=True)
+    gy = torch.randn(3, 4, 5)
+    got = _grads(compiled, x, gy)
+    want = _grads(layer, x, gy)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), layer(x), rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
+
+
+def test_torch_compile_under_autocast():
+    layer = GatedMLP(8, 6)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    x = torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, want = compiled(x), layer(x)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y, want)
+    torch._dynamo.reset()
+
+
+def test_custom_callable_uses_plain_path_and_is_right():
+    def cube(z):
+        return z ** 3
+
+    torch.manual_seed(7)
+    layer = GatedMLP(5, 4, 3, rank=2, activation=cube, dtype=torch.float64)
+    assert not fn.supports_fused(layer.activation)
+    x = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+    y = layer(x)
+    torch.testing.assert_close(y, R.gated(x, layer.query, layer.key, layer.value, cube))
+    assert torch.autograd.gradcheck(lambda x: layer(x), (x,))
+
+
+def _activation_bytes(layer, x):
+    return saved_bytes(lambda: layer(x), list(layer.parameters()))
+
+
+@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("rank", [1, 2, 8])
+def test_saves_only_input_and_preactivations(cls, rank):
+    n, d, m = 32, 16, 24
+    layer = cls(d, m, rank=rank)
+    x = torch.randn(n, d, requires_grad=True)
+    assert _activation_bytes(layer, x) == 4 * (n * d + n * 2 * m * rank)
+    plain = copy.deepcopy(layer)
+    plain.fused = False
+    assert _activation_bytes(layer, x) < _activation_bytes(plain, x)
+
+
+def test_saved_bytes_at_most_three_quarters_of_llama():
+    n, d, m = 64, 32, 86
+    x = torch.randn(n, d, requires_grad=True)
+    llama = LlamaMLP(d, m)
+    gated = GatedMLP(d, m)
+    sym = SymmetricBilinearMLP(d, m)
+    base = _activation_bytes(llama, x)
+    assert base == 4 * n * (d + 4 * m)   # x, gate(x), silu(gate(x)), up(x), product
+    assert _activation_bytes(gated, x) <= 0.75 * base
+    assert _activation_bytes(sym, x) <= 0.75 * base
+
+
+def test_from_linear_matches_llama_mlp_with_gradients():
+    torch.manual_seed(8)
+    llama = LlamaMLP(12, 20).double()
+    layer = GatedMLP.from_linear(llama.gate_proj, llama.up_proj, llama.down_proj)
+    x = torch.randn(2, 5, 12, dtype=torch.float64, requires_grad=True)
+    gy = torch.randn(2, 5, 12, dtype=torch.float64)
+    y, gx, gqk, gv = _grads(layer, x, gy)
+    y2 = llama(x)
+    gx2, gg, gu, gd = torch.autograd.grad(y2, [x, *llama.parameters()], gy)
+    torch.testing.assert_close(y, y2)
+    torch.testing.assert_close(gx, gx2)
+    torch.testing.assert_close(gqk[0, :, 0], gg)
+    torch.testing.assert_close(gqk[1, :, 0], gu)
+    torch.testing.assert_close(gv, gd.T)
+
+
+@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+def test_packed_views_write_through_and_deepcopy(cls):
+    layer = cls(4, 3, rank=2)
+    assert [n for n, _ in layer.named_parameters()] == ["query_key", "value"]
+    assert layer.query.shape == layer.key.shape == (3, 2, 4)
+    with torch.no_grad():
+        layer.query.mul_(2.0)
+        layer.key.copy_(torch.ones(3, 2, 4))
+    assert torch.equal(layer.query_key[1], torch.ones(3, 2, 4))
+    clone = copy.deepcopy(layer)
+    with torch.no_grad():
+        clone.query.zero_()
+    assert not torch.equal(layer.query, clone.query)
+    # the unpacked state-dict layout still loads
+    other = cls(4, 3, rank=2)
+    other.load_state_dict({"query": layer.query.detach(), "key": layer.key.detach(), "value": layer.value.detach()})
+    assert torch.equal(other.query_key, layer.query_key)
+
+
+def test_rank_r_equals_its_dense_form_without_materialising():
+    """Rank 8 (2r < d) stores 2mrd + m·d_out numbers and saves N(d + 2mr) for backward;
+    the dense layer it equals stores m·d² for A_j alone."""
+    torch.manual_seed(9)
+    n, d, m, r = 10, 32, 6, 8
+    layer = SymmetricBilinearMLP(d, m, rank=r, dtype=torch.float64)
+    x = torch.randn(n, d, dtype=torch.float64, requires_grad=True)
+    torch.testing.assert_close(layer(x), layer.to_dense()(x))
+    assert sum(p.numel() for p in layer.parameters()) == 2 * m * r * d + m * d
+    assert max(p.numel() for p in layer.parameters()) < m * d * d
+    assert _activation_bytes(layer, x) == 8 * n * (d + 2 * m * r)
+
+
+def test_fused_function_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="w_qk"):
+        fn.gated(torch.randn(3, 4), torch.randn(5, 4), torch.randn(2, 4), "silu", 2, 1)
+    with pytest.raises(ValueError, match="no fused derivative"):
+        fn.activation_and_derivative("nope", torch.zeros(1))
+
+
+def test_bench_runs_tiny_and_writes_json(tmp_path, capsys):
+    from qkmlp import bench
+
+    path = tmp_path / "b.json"
+    res = bench.main(["--tiny", "--suite", "headline", "--suite", "rank", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert "floor_gemms" in out and "llama_mlp" in out and "torch" in out
+    stored = json.loads(path.read_text())
+    assert stored["machine"]["torch"] == torch.__version__
+    assert stored["command"].startswith("python -m qkmlp.bench")
+    hl = stored["suites"]["headline"][0]
+    assert set(hl["ratios"]) == {"gated_mlp", "symmetric_mlp"}
+    assert hl["saved_bytes"]["gated_mlp"] < hl["saved_bytes"]["llama_mlp"]
+    assert res["suites"]["rank"]["parameters"]["dense"] > 0
