@@ -191,7 +191,7 @@ def _panel_svg(cls: str, title: str, npts: int, x_offset: int) -> str:
     )
 
 
-def static_explorer_html(*, activation: str = "silu", form: str = "gated", alpha: float = 2.0,
+def static_explorer_html(*, activation: Optional[str] = None, form: str = "gated", alpha: float = 2.0,
                          rank: Optional[int] = None, ranks: Sequence[int] = (1,),
                          alphas: Optional[Sequence[float]] = None,
                          activations: Optional[Sequence[str]] = None,
@@ -200,21 +200,26 @@ def static_explorer_html(*, activation: str = "silu", form: str = "gated", alpha
     """The explorer as one self-contained HTML fragment (inline CSS, SVG and JS).
 
     ``activation``, ``form``, ``alpha`` and ``rank`` are the initial settings (``alpha``
-    must be on the grid; ``rank`` defaults to ``ranks[0]``). ``uid`` (default: random)
+    must be on the grid; ``activation`` defaults to silu, or the first of ``activations``
+    without it; ``rank`` defaults to ``ranks[0]``). ``uid`` (default: random)
     namespaces the container's id. With the defaults the fragment is about 0.3 MB.
     """
-    data = static_explorer_data(alphas=alphas, activations=activations, forms=forms,
-                                ranks=ranks, seed=seed)
-    rank = data["ranks"][0] if rank is None else int(rank)
-    for val, opts, what in ((activation, data["activations"], "activation"),
-                            (form, data["forms"], "form"), (rank, data["ranks"], "rank")):
+    names = list(activations or activation_names())
+    if activation is None:
+        activation = "silu" if "silu" in names else names[0]
+    grid = [float(a) for a in (default_alphas() if alphas is None else alphas)]
+    ranks = [int(r) for r in ranks]
+    rank = ranks[0] if ranks and rank is None else rank
+    for val, opts, what in ((activation, names, "activation"), (form, list(forms), "form"),
+                            (rank, ranks, "rank")):
         if val not in opts:
             raise ValueError(f"{what} must be one of {opts}, got {val!r}")
-    if float(alpha) not in data["alphas"]:
-        raise ValueError(f"alpha must be one of the grid's values {data['alphas']}, got {alpha!r}")
+    if float(alpha) not in grid:
+        raise ValueError(f"alpha must be one of the grid's values {grid}, got {alpha!r}")
     uid = uid or f"qkmlp-explorer-{uuid.uuid4().hex[:10]}"
     if not uid.replace("-", "").replace("_", "").isalnum():
         raise ValueError(f"uid must contain only letters, digits, '-' and '_', got {uid!r}")
+    data = static_explorer_data(alphas=grid, activations=names, forms=forms, ranks=ranks, seed=seed)
     i0 = data["alphas"].index(float(alpha))
     payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
     npts = len(data["plot"][data["forms"][0]][data["activations"][0]]["x0"])

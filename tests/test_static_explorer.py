@@ -1,0 +1,212 @@
+"""qkmlp.static_explorer: structure, size, self-containment, and frames equal to the live numbers."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from html.parser import HTMLParser
+
+import numpy as np
+import pytest
+
+from qkmlp import activation_names
+from qkmlp.static_explorer import static_explorer_data, static_explorer_html
+from qkmlp.widgets import _grid, component_products, default_alphas
+
+MAX_BYTES = 600_000  # one explorer; the whole chapter page must stay under 2 MB
+
+
+class _Tags(HTMLParser):
+    """Collect (tag, attrs, text) for every element, and the stack depth of each."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags, self.stack = [], []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append((tag, a, list(self.stack)))
+        if tag not in ("input", "circle", "rect", "line", "meta", "br"):
+            self.stack.append((tag, a.get("class", "")))
+
+    def handle_startendtag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs), list(self.stack)))
+
+    def handle_endtag(self, tag):
+        while self.stack:
+            if self.stack.pop()[0] == tag:
+                break
+
+
+def _parse(html):
+    p = _Tags()
+    p.feed(html)
+    return p.tags
+
+
+def _with_class(tags, cls):
+    return [t for t in tags if cls in t[1].get("class", "").split()]
+
+
+@pytest.fixture(scope="module")
+def page():
+    html = static_explorer_html(uid="ex-a", ranks=(1, 2))
+    data = json.loads(re.search(r'<script type="application/json" class="qkmlp-data">(.*?)</script>',
+                                html, re.S).group(1).replace("<\\/", "</"))
+    return html, data
+
+
+def test_dom_contract(page):
+    html, _ = page
+    tags = _parse(html)
+    roots = _with_class(tags, "qkmlp-static-explorer")
+    assert len(roots) == 1 and roots[0][0] == "div" and roots[0][1]["id"] == "ex-a"
+    assert html.startswith('<div class="qkmlp-static-explorer"') and html.endswith("</div>")
+    (rng,) = _with_class(tags, "qkmlp-alpha")
+    assert rng[0] == "input" and rng[1]["type"] == "range"
+    for cls in ("qkmlp-activation", "qkmlp-form", "qkmlp-rank"):
+        (sel,) = _with_class(tags, cls)
+        assert sel[0] == "select"
+    options = [a["value"] for tag, a, stack in tags if tag == "option" and ("select", "qkmlp-activation") in stack]
+    assert options == activation_names()
+    for cls in ("qkmlp-alpha-value", "qkmlp-scale-change", "qkmlp-swap-change", "qkmlp-plot"):
+        assert len(_with_class(tags, cls)) == 1, cls
+    circles = [t for t in tags if t[0] == "circle"]
+    assert len(circles) == 2 * len(_grid()[0])
+    assert all(("div", "qkmlp-plot") in stack for _, _, stack in circles)  # the plot is under .qkmlp-plot
+    for tag, a, stack in tags:  # everything sits inside the one container
+        if a.get("class") != "qkmlp-static-explorer":
+            assert ("div", "qkmlp-static-explorer") in stack, tag
+
+
+def test_self_contained_and_light(page):
+    html, _ = page
+    tags = _parse(html)
+    assert not any(t[0] in ("link", "iframe", "img") for t in tags)
+    assert not any("src" in a or "href" in a for _, a, _ in tags)
+    urls = set(re.findall(r"https?://[^\s\"'<>]+", html))
+    assert urls <= {"http://www.w3.org/2000/svg"}  # the SVG namespace is a name, not a fetch
+    default = static_explorer_html(uid="ex-size")
+    assert len(default.encode()) < MAX_BYTES
+    assert len(html.encode()) < MAX_BYTES + 100_000  # a second rank adds only numbers
+
+
+def test_slider_range_and_initial_value(page):
+    html, data = page
+    (rng,) = _with_class(_parse(html), "qkmlp-alpha")
+    assert int(rng[1]["min"]) == 0 and int(rng[1]["max"]) == len(data["alphas"]) - 1
+    assert data["alphas"][int(rng[1]["value"])] == 2.0
+    assert data["alphas"] == default_alphas()
+    assert min(data["alphas"]) < 0 < max(data["alphas"])
+
+
+def test_ids_do_not_collide():
+    a, b = static_explorer_html(activations=["relu"]), static_explorer_html(activations=["relu"])
+    ida = re.search(r'id="([^"]+)"', a).group(1)
+    idb = re.search(r'id="([^"]+)"', b).group(1)
+    assert ida != idb
+    assert f'"{ida}"' in a and f"#{ida}" in a  # script and CSS are scoped to that id
+    assert ida not in b
+
+
+@pytest.mark.parametrize("form,act,alpha,rank", [
+    ("gated", "silu", 2.0, 1), ("gated", "relu", -1.0, 1), ("gated", "tanh", -1.0, 2),
+    ("gated", "relu2", 0.5, 1), ("symmetric", "gelu", -4.0, 2), ("gated", "identity", 4.0, 2),
+])
+def test_frames_match_live_numbers(page, form, act, alpha, rank):
+    pytest.importorskip("ipywidgets")
+    from qkmlp.widgets import SymmetryExplorer
+
+    _, data = page
+    i = data["alphas"].index(alpha)
+    row = data["numbers"][str(rank)][form][act][i]
+    live = SymmetryExplorer(activation=act, form=form, alpha=alpha, rank=rank).numbers()
+    assert row[0] == pytest.approx(live["scale_change"], rel=1e-12, abs=1e-15)
+    assert row[1] == pytest.approx(live["swap_change"], rel=1e-12, abs=1e-15)
+    assert row[2] is live["scale_predicted_invariant"] and row[3] is live["swap_predicted_invariant"]
+    assert row[4] == live["scale_predicted_change"]
+
+
+def test_plot_frames_match_component_products(page):
+    _, data = page
+    a, b = _grid()
+    for form, act in (("gated", "silu"), ("gated", "relu2"), ("symmetric", "tanh")):
+        for i in (0, 5, len(data["alphas"]) - 1):
+            p0, pa, ps = component_products(form, act, data["alphas"][i], a, b)
+            frame = data["plot"][form][act]
+            for got, want in ((frame["x0"], p0), (frame["scale"][i], pa), (frame["swap"][i], ps)):
+                np.testing.assert_allclose(got, want, rtol=5e-3, atol=1e-12)
+
+
+def test_theorems_visible_in_frames(page):
+    """What the theorems say is invariant is, and what breaks does, across the whole grid."""
+    _, data = page
+    for r in data["ranks"]:
+        for form in data["forms"]:
+            for act in data["activations"]:
+                for scale, swap, scale_inv, swap_inv, _ in data["numbers"][str(r)][form][act]:
+                    assert (scale <= 1e-12) == scale_inv, (r, form, act)
+                    assert (swap <= 1e-12) == swap_inv, (r, form, act)
+                    assert max(scale, swap) < 1e-12 or max(scale, swap) > 1e-3
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="activation must be one of"):
+        static_explorer_html(activation="relu", activations=["silu"])
+    with pytest.raises(ValueError, match="alpha must be one of"):
+        static_explorer_html(alpha=3.3, activations=["silu"])
+    with pytest.raises(ValueError, match="uid"):
+        static_explorer_html(uid="a b", activations=["silu"])
+    with pytest.raises(ValueError, match="unknown form"):
+        static_explorer_data(forms=["dense"], activations=["silu"])
+    with pytest.raises(ValueError, match="ranks"):
+        static_explorer_data(ranks=[0], activations=["silu"])
+
+
+def _chromium():
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return None
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(_chromium() is None, reason="needs playwright and a chromium binary")
+def test_js_updates_text_and_plot(tmp_path, page):
+    from playwright.sync_api import sync_playwright
+
+    html, data = page
+    second = static_explorer_html(uid="ex-b", activations=["relu", "tanh"], alpha=1.0)
+    f = tmp_path / "p.html"
+    f.write_text(f"<!doctype html><html><head><meta charset='utf-8'></head><body>{html}{second}</body></html>")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        try:
+            pg = browser.new_page()
+            errors = []
+            pg.on("pageerror", lambda e: errors.append(str(e)))
+            pg.route("**/*", lambda route: route.abort() if not route.request.url.startswith("file:") else route.continue_())
+            pg.goto(f.as_uri())
+            root = pg.locator("#ex-a")
+
+            def texts():
+                return [root.locator(c).inner_text() for c in
+                        (".qkmlp-alpha-value", ".qkmlp-scale-change", ".qkmlp-swap-change")] + [
+                    root.locator(".qkmlp-plot circle").evaluate_all("cs => cs.map(c => c.getAttribute('cy')).join()")]
+
+            t0 = texts()
+            assert t0[0] == "2"
+            i = data["alphas"].index(-1.0)
+            root.locator("input.qkmlp-alpha").fill(str(i))
+            t1 = texts()
+            assert t1[0] == "-1" and t1[1] != t0[1] and t1[2] != t0[2] and t1[3] != t0[3]
+            assert float(t1[1]) == pytest.approx(data["numbers"]["1"]["gated"]["silu"][i][0], rel=1e-3)
+            root.locator("select.qkmlp-activation").select_option("tanh")
+            t2 = texts()
+            assert t2[1] != t1[1] and t2[2] != t1[2]
+            assert float(t2[1]) < 1e-12  # tanh is odd: α = −1 leaves the gated form invariant
+            assert pg.locator("#ex-b .qkmlp-alpha-value").inner_text() == "1"  # untouched
+            assert not errors
+        finally:
+            browser.close()
