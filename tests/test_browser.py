@@ -160,6 +160,9 @@ _REFS_JS = r"""
   for (const m of text.matchAll(/.{0,30}```\{.{0,40}/g)) unresolved.push('raw directive: ' + m[0]);
   // cross-references Sphinx could not resolve stay as `.xref` without a link around them
   // (the API page's plain-text external types, py domain, are meant that way).
+  // docutils marks markup it could not process (e.g. an undefined |substitution|)
+  for (const x of main.querySelectorAll('.problematic, .system-message'))
+    unresolved.push('docutils problem: ' + x.outerHTML.slice(0, 120));
   for (const x of main.querySelectorAll('.xref:not(.py)'))
     if (!x.closest('a')) unresolved.push('unlinked xref: ' + x.outerHTML.slice(0, 120));
   const proofs = [...main.querySelectorAll('div.proof, div.admonition.theorem')].map(d => ({

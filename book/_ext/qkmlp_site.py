@@ -7,13 +7,17 @@
    resolve, link to the documented ``qkmlp`` object with that last name component,
    preferring the one documented under the module that defines it; anything else stays
    unresolved (and ``-n`` reports it).
-2. Scripts: sphinx-thebe registers its inline configuration script twice under
+2. Docstrings write absolute values and norms as |λ| or |x|, which reST reads as an
+   (undefined) substitution reference: outside inline literals and roles, escape such bars
+   so the page shows the text as written.
+3. Scripts: sphinx-thebe registers its inline configuration script twice under
    jupyter-book, which throws "Identifier 'THEBE_JS_URL' has already been declared" in
    every page; drop exact duplicate scripts from each page.
 """
 from __future__ import annotations
 
 import importlib
+import re
 
 from sphinx.util.nodes import make_refnode
 
@@ -47,13 +51,29 @@ def _resolve_qkmlp(app, env, node, contnode):
     return make_refnode(app.builder, node["refdoc"], obj.docname, obj.node_id, contnode, matches[0])
 
 
+_BACKTICKS = re.compile(r"(``.*?``|:[\w:+-]+:`[^`]*`|`[^`]*`_{0,2})")
+_BARS = re.compile(r"(?<![\\|\w])\|([^|\s`][^|`]*?)\|(?![_|\w])")
+
+
+def _escape_bars(line: str) -> str:
+    """Escape |text| outside backtick spans: reST would read it as a substitution."""
+    parts = _BACKTICKS.split(line)
+    return "".join(p if i % 2 else _BARS.sub(r"\\|\1\\|", p) for i, p in enumerate(parts))
+
+
+def _process_docstring(app, what, name, obj, options, lines):
+    if name.startswith("qkmlp"):
+        lines[:] = [_escape_bars(line) for line in lines]
+
+
 def _dedupe_scripts(app, pagename, templatename, context, doctree):
     scripts = context.get("script_files")
     if not scripts:
         return
     seen, unique = set(), []
     for js in scripts:
-        key = (str(js), tuple(sorted(getattr(js, "attributes", {}).items())))
+        # the copies differ only in filename None vs "" (both: an inline script)
+        key = (str(getattr(js, "filename", js) or ""), tuple(sorted(getattr(js, "attributes", {}).items())))
         if key not in seen:
             seen.add(key)
             unique.append(js)
@@ -62,5 +82,8 @@ def _dedupe_scripts(app, pagename, templatename, context, doctree):
 
 def setup(app):
     app.connect("missing-reference", _resolve_qkmlp)
-    app.connect("html-page-context", _dedupe_scripts, priority=900)
+    app.connect("autodoc-process-docstring", _process_docstring)
+    # late: other handlers add page scripts while the page context is built
+    app.connect("html-page-context", _dedupe_scripts, priority=1000)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
+
