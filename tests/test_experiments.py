@@ -203,3 +203,18 @@ def test_cuda_matches_cpu_roughly():
     a = run_cell("teacher", cell, 0, cfg, device="cpu")
     b = run_cell("teacher", cell, 0, cfg, device="cuda")
     assert b["test_loss"] == pytest.approx(a["test_loss"], rel=1e-3)
+
+
+def test_digits_bias_appends_a_constant_and_breaks_parity():
+    from qkmlp.experiments.tasks import digits_data
+    xtr, _, xte, _ = digits_data(0, bias=True)
+    assert xtr.shape[1] == 65 and bool((xtr[:, -1] == 1).all()) and bool((xte[:, -1] == 1).all())
+    # without a constant coordinate the symmetric form is even in x, the gated form is not
+    torch.manual_seed(0)
+    x = torch.randn(16, 8)
+    sym, gated = make_layer("sym1-silu", 8, 3, 100), make_layer("gated1-silu", 8, 3, 100)
+    torch.testing.assert_close(sym(-x), sym(x))
+    assert not torch.allclose(gated(-x), gated(x))
+    xb = torch.cat([x, torch.ones(16, 1)], 1)
+    sym_b = make_layer("sym1-silu", 9, 3, 100)
+    assert not torch.allclose(sym_b(torch.cat([-x, torch.ones(16, 1)], 1)), sym_b(xb))

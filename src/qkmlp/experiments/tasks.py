@@ -10,6 +10,9 @@ Tasks (all data generated or bundled, no downloads):
 
 - ``digits``: scikit-learn's bundled 8×8 digits, 10 classes; the layer maps the 64
   pixels straight to 10 logits.
+- ``digits_bias``: the same with a constant 1 appended to the pixels. Without it the
+  symmetric forms σ((x·q)(x·k)) are even functions of x (f(−x) = f(x)); the constant
+  coordinate lifts that restriction, which separates parity from the q ↔ k exchange.
 - ``modadd``: a + b mod p from one-hot(a) ⊕ one-hot(b) to p logits, 70 % of the p² pairs
   for training (the grokking set-up of Power et al. 2022, at a small scale: 70 % of the pairs, AdamW).
 - ``teacher``: regression on Gaussian inputs where the target is a randomly initialised
@@ -142,10 +145,12 @@ class Task:
     description: str = ""
 
 
-def digits_data(seed: int, test_frac: float = 0.3, device="cpu"):
+def digits_data(seed: int, test_frac: float = 0.3, device="cpu", bias: bool = False):
     """scikit-learn's digits, pixels scaled to [0, 1] and centred on the training mean.
 
     Returns x_train (N, 64), y_train (N,), x_test, y_test; the split depends on ``seed``.
+    With ``bias=True`` a constant 1 is appended to every input (width 65): the layers
+    have no biases, and this is how they get one.
     """
     from sklearn.datasets import load_digits
 
@@ -157,6 +162,8 @@ def digits_data(seed: int, test_frac: float = 0.3, device="cpu"):
     te, tr = perm[:n_test], perm[n_test:]
     mu = x[tr].mean(0)
     x = x - mu
+    if bias:
+        x = torch.cat([x, torch.ones(len(x), 1)], dim=1)
     return x[tr].to(device), y[tr].to(device), x[te].to(device), y[te].to(device)
 
 
@@ -165,9 +172,10 @@ def _digits_cells(cfg):
 
 
 def _digits_run(cell, seed, cfg, device):
-    xtr, ytr, xte, yte = digits_data(seed, cfg["test_frac"], device)
-    budget = kv_budget(64, 10, cfg["m_kv"])
-    layer = _build(cell["family"], 64, 10, budget, 1000 + seed, device)
+    xtr, ytr, xte, yte = digits_data(seed, cfg["test_frac"], device, bias=cfg.get("bias", False))
+    d_in = xtr.shape[1]
+    budget = kv_budget(d_in, 10, cfg["m_kv"])
+    layer = _build(cell["family"], d_in, 10, budget, 1000 + seed, device)
     rec = _train_and_eval(layer, layer, xtr, ytr, xte, yte, lambda: xte, cfg, seed, "cross_entropy")
     rec.update(params=parameter_count(layer), d_hidden=layer.d_hidden)
     return rec
@@ -339,6 +347,14 @@ TASKS: dict[str, Task] = {
         quick=dict(families=["kv-relu", "gated1-silu"], m_kv=16, steps=20, lr=1e-2, test_frac=0.3, n_evals=4),
         cells=_digits_cells, run=_digits_run, metric="test_acc", higher_is_better=True,
         description="digits classification, 64 pixels -> 10 logits, full-batch Adam",
+    ),
+    "digits_bias": Task(
+        "digits_bias",
+        defaults=dict(families=_ALL, m_kv=28, steps=400, lr=1e-2, test_frac=0.3, n_evals=10, bias=True),
+        quick=dict(families=["sym1-silu", "gated1-silu"], m_kv=16, steps=20, lr=1e-2, test_frac=0.3, n_evals=4,
+                   bias=True),
+        cells=_digits_cells, run=_digits_run, metric="test_acc", higher_is_better=True,
+        description="digits with a constant input coordinate (a bias), otherwise as digits",
     ),
     "modadd": Task(
         "modadd",
