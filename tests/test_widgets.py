@@ -51,7 +51,7 @@ def test_default_alphas_log_spaced_and_signed():
 
 
 @pytest.mark.parametrize("name", activation_names())
-@pytest.mark.parametrize("alpha", [-4.0, -1.0, 0.5, 2.0])
+@pytest.mark.parametrize("alpha", [-4.0, -1.0, 0.5, 1.0, 2.0])
 def test_numbers_follow_theorems_gated(ex, name, alpha):
     with ex.hold():
         ex.form.value = "gated"
@@ -62,7 +62,7 @@ def test_numbers_follow_theorems_gated(ex, name, alpha):
     assert (n["activation"], n["alpha"]) == (name, alpha)
     act = get_activation(name)
     # what the theorems say, stated from the activation's properties (not the predicates)
-    inv = act.is_linear or (alpha > 0 and act.homogeneity_degree == 1) or (alpha == -1.0 and act.is_odd)
+    inv = alpha == 1.0 or act.is_linear or (alpha > 0 and act.homogeneity_degree == 1) or (alpha == -1.0 and act.is_odd)
     assert n["scale_predicted_invariant"] is inv
     assert n["swap_predicted_invariant"] is act.is_linear
     if inv:
