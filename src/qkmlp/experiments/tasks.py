@@ -40,7 +40,7 @@ from ..training import fit
 from .families import family_names, get_family, kv_budget, make_layer
 
 __all__ = [
-    "Task", "TASKS", "get_task", "digits_data", "modadd_data", "teacher_data", "recall_data",
+    "Task", "TASKS", "get_task", "digits_data", "modadd_data", "teacher_data", "parity_floor", "recall_data",
     "TinyTransformer",
 ]
 
@@ -219,14 +219,32 @@ def teacher_data(teacher_family, d: int, m_kv: int, n_train: int, n_test: int, s
     divided by their standard deviation on the training inputs, so a student that
     predicts 0 has test MSE ≈ 1 whatever the teacher.
     """
+    x, teacher, scale = _teacher(teacher_family, d, m_kv, n_train, n_test, seed)
+    y = teacher(x) / scale
+    return (x[:n_train].to(device), y[:n_train].to(device),
+            x[n_train:].to(device), y[n_train:].to(device))
+
+
+def _teacher(teacher_family, d, m_kv, n_train, n_test, seed):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n_train + n_test, d, generator=gen)
     torch.manual_seed(2000 + seed)
     teacher = make_layer(teacher_family, d, d, kv_budget(d, d, m_kv))
-    y = teacher(x)
-    y = y / y[:n_train].std()
-    return (x[:n_train].to(device), y[:n_train].to(device),
-            x[n_train:].to(device), y[n_train:].to(device))
+    return x, teacher, teacher(x)[:n_train].std()
+
+
+@torch.no_grad()
+def parity_floor(teacher_family, d: int, m_kv: int, n_train: int, n_test: int, seed: int) -> float:
+    """Mean squared odd part of the (normalised) teacher on the test inputs.
+
+    The odd part is (f(x) − f(−x))/2. A student that is an even function of x (every
+    symmetric form without a constant input coordinate) cannot fit it: for inputs
+    distributed symmetrically about 0 its expected MSE is at least this number.
+    """
+    x, teacher, scale = _teacher(teacher_family, d, m_kv, n_train, n_test, seed)
+    xt = x[n_train:]
+    odd = (teacher(xt) - teacher(-xt)) / (2 * scale)
+    return float(odd.pow(2).mean())
 
 
 def _teacher_cells(cfg):
