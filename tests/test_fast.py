@@ -276,7 +276,7 @@ def test_fused_function_rejects_bad_shapes():
     with pytest.raises(ValueError, match="w_qk"):
         fn.gated(torch.randn(3, 4), torch.randn(5, 4), torch.randn(2, 4), "silu", 2, 1)
     with pytest.raises(ValueError, match="no fused derivative"):
-        fn.activation_and_derivative("nope", torch.zeros(1))
+        fn.activation_backward("nope", torch.zeros(1), torch.zeros(1), torch.zeros(1))
 
 
 def test_bench_runs_tiny_and_writes_json(tmp_path, capsys):

@@ -15,14 +15,14 @@ three ``nn.Linear`` saves x, gate(x), σ(gate(x)), up(x) and the product: d + 4m
 token against d + 2mr here.
 
 For float16 and bfloat16 the GEMMs run in the input dtype and the elementwise math in
-float32 (``compute_dtype``). The activation's derivative is written out for every
-registered activation (``FUSED_ACTIVATIONS``); a layer with any other callable uses the
+float32 (``compute_dtype``). The activation's derivative is PyTorch's own fused backward
+kernel (``silu_backward``, ``gelu_backward``, ...) for every registered activation
+(``FUSED_ACTIVATIONS``); a layer with any other callable uses the
 plain autograd path (:func:`gated_reference`, :func:`symmetric_reference`), which is also
 what the tests compare against.
 """
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch
@@ -33,7 +33,7 @@ from .activations import ACTIVATIONS, Activation
 __all__ = [
     "FUSED_ACTIVATIONS",
     "compute_dtype",
-    "activation_and_derivative",
+    "activation_backward",
     "supports_fused",
     "gated",
     "symmetric",
@@ -43,92 +43,46 @@ __all__ = [
     "SymmetricFn",
 ]
 
-_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
-_INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_aten = torch.ops.aten
 
 
-def _identity(z):
-    return z.clone(), torch.ones_like(z)   # a fresh σ(z): callers may overwrite it
+def _relu2_backward(grad, z, s):
+    return grad * (2.0 * F.relu(z))
 
 
-def _relu(z):
-    return F.relu(z), (z > 0).to(z.dtype)
-
-
-def _leaky_relu(z):
-    return F.leaky_relu(z), torch.where(z > 0, torch.ones_like(z), torch.full_like(z, 0.01))
-
-
-def _gelu(z):
-    cdf = 0.5 * (1.0 + torch.erf(z * _INV_SQRT_2))
-    return z * cdf, cdf + z * torch.exp(-0.5 * z * z) * _INV_SQRT_2PI
-
-
-def _gelu_tanh(z):
-    z2 = z * z
-    t = torch.tanh(_SQRT_2_OVER_PI * z * (1.0 + 0.044715 * z2))
-    half_1pt = 0.5 * (1.0 + t)
-    d = half_1pt + 0.5 * z * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * z2)
-    return z * half_1pt, d
-
-
-def _silu(z):
-    sg = torch.sigmoid(z)
-    s = z * sg
-    # σ'(z) = sg·(1 + z·(1 − sg)) = sg + s − s·sg
-    return s, sg + s - s * sg
-
-
-def _tanh(z):
-    t = torch.tanh(z)
-    return t, 1.0 - t * t
-
-
-def _sigmoid(z):
-    sg = torch.sigmoid(z)
-    return sg, sg - sg * sg
-
-
-def _softplus(z):
-    # F.softplus(beta=1, threshold=20) is linear above 20; its derivative there is 1.
-    return F.softplus(z), torch.where(z > 20, torch.ones_like(z), torch.sigmoid(z))
-
-
-def _relu2(z):
-    r = F.relu(z)
-    return r * r, 2.0 * r
-
-
-#: name -> z ↦ (σ(z), σ'(z)), for the registered activations of :mod:`qkmlp.activations`.
-FUSED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]] = {
-    "identity": _identity,
-    "relu": _relu,
-    "leaky_relu": _leaky_relu,
-    "gelu": _gelu,
-    "gelu_tanh": _gelu_tanh,
-    "silu": _silu,
-    "tanh": _tanh,
-    "sigmoid": _sigmoid,
-    "softplus": _softplus,
-    "relu2": _relu2,
+# name -> (grad, z, σ(z)) ↦ grad·σ'(z), one fused ATen op where PyTorch has one (the same
+# kernels that autograd uses for these activations).
+_BACKWARD: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "identity": lambda grad, z, s: grad,
+    "relu": lambda grad, z, s: _aten.threshold_backward(grad, z, 0),
+    "leaky_relu": lambda grad, z, s: _aten.leaky_relu_backward(grad, z, 0.01, False),
+    "gelu": lambda grad, z, s: _aten.gelu_backward(grad, z, approximate="none"),
+    "gelu_tanh": lambda grad, z, s: _aten.gelu_backward(grad, z, approximate="tanh"),
+    "silu": lambda grad, z, s: _aten.silu_backward(grad, z),
+    "tanh": lambda grad, z, s: _aten.tanh_backward(grad, s),
+    "sigmoid": lambda grad, z, s: _aten.sigmoid_backward(grad, s),
+    "softplus": lambda grad, z, s: _aten.softplus_backward(grad, z, 1, 20),
+    "relu2": _relu2_backward,
 }
+
+#: The activation names with a fused path: every registered one of :mod:`qkmlp.activations`.
+FUSED_ACTIVATIONS: tuple[str, ...] = tuple(_BACKWARD)
 
 
 def supports_fused(activation: Activation) -> bool:
     """Whether ``activation`` is a registered one (the same object), so its derivative is known."""
-    return ACTIVATIONS.get(activation.name) is activation and activation.name in FUSED_ACTIVATIONS
+    return ACTIVATIONS.get(activation.name) is activation and activation.name in _BACKWARD
 
 
-def activation_and_derivative(name: str, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(σ(z), σ'(z)) for a registered activation name, elementwise, in z's dtype."""
+def activation_backward(name: str, grad: torch.Tensor, z: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """grad·σ'(z) for a registered activation, given z and s = σ(z) (elementwise)."""
     try:
-        fn = FUSED_ACTIVATIONS[name]
+        fn = _BACKWARD[name]
     except KeyError:
         raise ValueError(
-            f"no fused derivative for activation {name!r}; expected one of {', '.join(FUSED_ACTIVATIONS)}"
+            f"no fused derivative for activation {name!r}; expected one of {', '.join(_BACKWARD)}"
         ) from None
-    return fn(z)
+    return fn(grad, z, s)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -199,12 +153,6 @@ def _weight_grads(ctx, gab, x, w_qk, h, grad_y, value):
     return grad_x, grad_w, grad_v
 
 
-def _grad_buffer(n: int, m: int, r: int, like: torch.Tensor):
-    """A (N, 2mr) buffer for d[a; b] and its two halves viewed as (N, m, r)."""
-    gab = torch.empty(n, 2 * m * r, dtype=like.dtype, device=like.device)
-    return gab, gab[:, : m * r].view(n, m, r), gab[:, m * r:].view(n, m, r)
-
-
 class GatedFn(torch.autograd.Function):
     """y = (Σ_s σ(a_s) b_s) @ V with [a; b] = x @ W_qkᵀ. Saves x and [a; b] only.
 
@@ -227,14 +175,15 @@ class GatedFn(torch.autograd.Function):
         x, w_qk, value, ab = ctx.saved_tensors
         m, r, dt = ctx.m, ctx.r, x.dtype
         cdt = compute_dtype(dt)
+        n = ab.shape[0]
         a, b = _split(ab, m, r, cdt)
-        s, ds = activation_and_derivative(ctx.name, a)   # recomputed, not saved
-        grad_h = (grad_y @ value.T).to(cdt).unsqueeze(-1)  # (N, m, 1)
-        gab, ga, gb = _grad_buffer(ab.shape[0], m, r, s)
-        gb.copy_(s).mul_(grad_h)                           # d/db of σ(a)·b
-        h = _sum_rank(s.mul_(b)).to(dt)                    # recomputed h (s is scratch now)
-        ga.copy_(b).mul_(grad_h).mul_(ds)                  # d/da of σ(a)·b
-        gx, gw, gv = _weight_grads(ctx, gab.to(dt), x, w_qk, h, grad_y, value)
+        s = ACTIVATIONS[ctx.name](a)                            # σ(a), recomputed
+        grad_h = (grad_y @ value.T).to(cdt).unsqueeze(-1)      # (N, m, 1)
+        grad_b = grad_h * s                                     # d/db of σ(a)·b
+        grad_a = activation_backward(ctx.name, grad_h * b, a, s)  # d/da of σ(a)·b
+        h = _sum_rank(s * b if ctx.name == "identity" else s.mul_(b)).to(dt)   # h, recomputed
+        gab = torch.cat([grad_a.reshape(n, m * r), grad_b.reshape(n, m * r)], dim=1).to(dt)
+        gx, gw, gv = _weight_grads(ctx, gab, x, w_qk, h, grad_y, value)
         return gx, gw, gv, None, None, None
 
 
@@ -257,14 +206,14 @@ class SymmetricFn(torch.autograd.Function):
         m, r, dt = ctx.m, ctx.r, x.dtype
         cdt = compute_dtype(dt)
         a, b = _split(ab, m, r, cdt)
-        p = _sum_rank(a * b)                                # recomputed score (N, m)
-        s, ds = activation_and_derivative(ctx.name, p)
+        n = ab.shape[0]
+        p = _sum_rank(a * b)                                   # score, recomputed (N, m)
+        s = ACTIVATIONS[ctx.name](p)                           # h = σ(p), recomputed
+        grad_h = (grad_y @ value.T).to(cdt)
+        grad_p = activation_backward(ctx.name, grad_h, p, s).unsqueeze(-1)
+        gab = torch.cat([(grad_p * b).reshape(n, m * r), (grad_p * a).reshape(n, m * r)], dim=1).to(dt)
         h = s.to(dt)
-        grad_p = ds.mul_((grad_y @ value.T).to(cdt)).unsqueeze(-1)
-        gab, ga, gb = _grad_buffer(ab.shape[0], m, r, ds)
-        ga.copy_(b).mul_(grad_p)
-        gb.copy_(a).mul_(grad_p)
-        gx, gw, gv = _weight_grads(ctx, gab.to(dt), x, w_qk, h, grad_y, value)
+        gx, gw, gv = _weight_grads(ctx, gab, x, w_qk, h, grad_y, value)
         return gx, gw, gv, None, None, None
 
 
