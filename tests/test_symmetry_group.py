@@ -24,6 +24,15 @@ from qkmlp.symmetry_group import (
 )
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    # tiny tensors: one thread avoids thread-synchronisation stalls on a busy machine
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _layer(cls, act, d=5, m=2, d_out=3, rank=None, seed=0):
     torch.manual_seed(seed)
     kw = {} if rank is None else {"rank": rank}
