@@ -101,6 +101,7 @@ def run_grid(task: str, seeds: Iterable[int] = range(5), config: Optional[dict] 
         raise ValueError("seeds must not be empty")
     grid = cells if cells is not None else t.cells(cfg)
     jobs = [(c, s) for c in grid for s in seeds]
+    commit = _git_commit()          # the code that runs is the code at the start
     start = time.perf_counter()
     bar = None
     if progress:
@@ -117,7 +118,7 @@ def run_grid(task: str, seeds: Iterable[int] = range(5), config: Optional[dict] 
     meta = {
         "task": task, "description": t.description, "metric": t.metric,
         "higher_is_better": t.higher_is_better, "qkmlp_version": __version__,
-        "git_commit": _git_commit(), "torch_version": torch.__version__,
+        "git_commit": commit, "torch_version": torch.__version__,
         "python": platform.python_version(), "device": str(dev), "hardware": _hardware(dev),
         "seeds": seeds, "wall_s": time.perf_counter() - start,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
