@@ -193,3 +193,14 @@ def test_repr_mimebundle(ex):
     bundle = ex._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert math.isfinite(ex.numbers()["scale_change"])
+
+
+def test_one_thread_restores_thread_count():
+    from qkmlp.widgets import one_thread
+
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError):
+        with one_thread():
+            assert torch.get_num_threads() == 1
+            raise RuntimeError("boom")
+    assert torch.get_num_threads() == before

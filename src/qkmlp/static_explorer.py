@@ -30,6 +30,7 @@ from .widgets import (
     make_batch,
     make_layer,
     measure,
+    one_thread,
 )
 
 __all__ = ["static_explorer_data", "static_explorer_html"]
@@ -72,6 +73,11 @@ def static_explorer_data(*, alphas: Optional[Sequence[float]] = None,
     if not ranks or min(ranks) < 1:
         raise ValueError(f"ranks must be a non-empty list of integers >= 1, got {ranks!r}")
 
+    with one_thread():
+        return _compute(alphas, names, forms, ranks, seed)
+
+
+def _compute(alphas, names, forms, ranks, seed) -> dict:
     x = make_batch(seed=seed + 1)
     numbers: dict = {}
     for r in ranks:

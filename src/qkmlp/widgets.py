@@ -42,6 +42,7 @@ from .symmetry import (
 __all__ = [
     "FORMS",
     "default_alphas",
+    "one_thread",
     "make_layer",
     "make_batch",
     "measure",
@@ -58,6 +59,21 @@ _LAYERS = {"gated": GatedMLP, "symmetric": SymmetricBilinearMLP}
 
 #: Default sizes of the explorer's fixed random layer and batch.
 D_MODEL, D_HIDDEN, BATCH = 8, 16, 64
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Run torch on one CPU thread inside the block (restored after).
+
+    The explorer's layers are tiny (8×16): for them thread start-up costs more than the
+    arithmetic, by 10× on a busy 2-core machine.
+    """
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def default_alphas(max_alpha: float = 4.0, steps_per_octave: int = 4) -> list[float]:
@@ -160,9 +176,10 @@ def scaling_sweep(form: str, alphas: Sequence[float], activations: Optional[Sequ
     """``scale_change`` for every activation and α: {name: float64 array of len(alphas)}."""
     x = make_batch(seed=seed + 1)
     out = {}
-    for name in activations or activation_names():
-        layer = make_layer(form, name, rank, seed=seed)
-        out[name] = np.array([relative_change(layer, rescaled(layer, a), x) for a in alphas])
+    with one_thread():
+        for name in activations or activation_names():
+            layer = make_layer(form, name, rank, seed=seed)
+            out[name] = np.array([relative_change(layer, rescaled(layer, a), x) for a in alphas])
     return out
 
 
@@ -274,7 +291,8 @@ class SymmetryExplorer:
         """Recompute the numbers and redraw the one figure in place."""
         if self._held:
             return
-        nums = self.numbers()
+        with one_thread():
+            nums = self.numbers()
         alpha, form, act = nums["alpha"], nums["form"], nums["activation"]
         p0, pa, ps = component_products(form, act, alpha, self._a, self._b)
         self.scale_points.set_offsets(np.column_stack([p0, pa]))
