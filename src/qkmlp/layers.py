@@ -14,6 +14,10 @@ scale of a default ``nn.Linear`` stack:
 - ``interaction`` A_j (d, d): U(-1/d, 1/d), the scale of a product q_jᵀk_j of two such
   vectors;
 - ``value``: U(-1/√m, 1/√m), fan-in m of the down projection.
+
+The factored layers (:class:`SymmetricBilinearMLP`, :class:`GatedMLP`) pack ``query`` and
+``key`` into one parameter ``query_key`` of shape (2, m, r, d) and expose the two as
+writable views; their forward pass is the fused two-GEMM path of :mod:`qkmlp.functional`.
 """
 from __future__ import annotations
 
@@ -272,6 +276,10 @@ class SymmetricBilinearMLP(_RankRBase):
 
     σ sits outside the rank sum, so the layer equals :class:`BilinearAttentionMLP` with
     A_j = Σ_s q_{j,s}ᵀ k_{j,s} (``to_dense()``). Rank 1: σ((xQᵀ) ⊙ (xKᵀ))V.
+
+    Weights: ``query`` and ``key`` (m, r, d) are writable views of one packed parameter
+    ``query_key`` (2, m, r, d), which is what ``named_parameters()`` shows (with
+    ``value``); the forward pass is two GEMMs (:mod:`qkmlp.functional`).
     """
 
     def __init__(self, d_model, d_hidden, d_out=None, *, rank=1, activation="silu", device=None, dtype=None):
@@ -297,6 +305,10 @@ class GatedMLP(_RankRBase):
 
     Rank 1 is (σ(xQᵀ) ⊙ (xKᵀ))V: query = gate, key = up, value = downᵀ, so
     SwiGLU (silu), GEGLU (gelu), ReGLU (relu) and bilinear (identity) are all this layer.
+
+    Weights: ``query`` and ``key`` (m, r, d) are writable views of one packed parameter
+    ``query_key`` (2, m, r, d), which is what ``named_parameters()`` shows (with
+    ``value``); the forward pass is two GEMMs (:mod:`qkmlp.functional`).
     """
 
     def __init__(self, d_model, d_hidden, d_out=None, *, rank=1, activation="silu", device=None, dtype=None):
