@@ -4,7 +4,6 @@ import itertools
 import pytest
 import torch
 
-import qkmlp
 from qkmlp import (
     BilinearAttentionMLP,
     GatedMLP,

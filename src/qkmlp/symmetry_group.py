@@ -103,6 +103,9 @@ def jacobian(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     flattened in ``named_parameters()`` order. Forward mode (one tangent per parameter).
     """
     _require_layer(layer)
+    if getattr(layer, "fused", False):
+        layer = copy.deepcopy(layer)
+        layer.fused = False  # the plain autograd formula: torch.func needs no custom Function
     names = [n for n, _ in layer.named_parameters()]
     params = [p.detach() for _, p in layer.named_parameters()]
     shapes = [p.shape for p in params]
