@@ -203,7 +203,7 @@ class SymmetryExplorer:
 
     Controls (ipywidgets, also the model's state): ``.alpha`` (SelectionSlider over a
     log-spaced grid of negative and positive α), ``.activation`` (Dropdown over the
-    registry), ``.form`` (ToggleButtons: gated / symmetric), ``.rank`` (IntSlider).
+    registry), ``.form`` (Dropdown: gated / symmetric), ``.rank`` (IntSlider).
     Setting any control's ``.value`` updates :meth:`numbers`, the readout and the figure.
     ``.figure`` is the matplotlib Figure; ``.scale_points`` / ``.swap_points`` its two
     scatter artists; ``.image`` the ipywidgets.Image that shows it.
@@ -237,7 +237,7 @@ class SymmetryExplorer:
         self.alpha = W.SelectionSlider(options=[(f"{a:.3g}", a) for a in alphas], value=alpha,
                                        description="α", continuous_update=True)
         self.activation = W.Dropdown(options=names, value=activation, description="σ")
-        self.form = W.ToggleButtons(options=list(FORMS), value=form, description="form")
+        self.form = W.Dropdown(options=list(FORMS), value=form, description="form")
         self.rank = W.IntSlider(min=1, max=max_rank, value=rank, description="rank r")
         self.readout = W.HTML()
         self.image = W.Image(format="png")
@@ -333,7 +333,8 @@ class SymmetryExplorer:
         pred = n["scale_predicted_change"]
         extra = "" if pred is None or pred == 0 else f" (theorem: exactly {_fmt(pred)})"
         return (
-            "<table><tr><th></th><th>relative output change</th><th>measured</th><th>theorem</th></tr>"
+            "<style>.qkmlp-readout td, .qkmlp-readout th {padding: 2px 12px; text-align: left;}</style>"
+            "<table class='qkmlp-readout'><tr><th></th><th>relative output change</th><th>measured</th><th>theorem</th></tr>"
             f"<tr><td>scaling by α</td>{verdict(n['scale_change'], n['scale_predicted_invariant'])}</tr>"
             f"<tr><td>swap q↔k</td>{verdict(n['swap_change'], n['swap_predicted_invariant'])}</tr>"
             f"</table>{extra}"
