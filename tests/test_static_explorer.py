@@ -150,6 +150,14 @@ def test_theorems_visible_in_frames(page):
                     assert max(scale, swap) < 1e-12 or max(scale, swap) > 1e-3
 
 
+def test_precomputed_data_gives_same_page():
+    data = static_explorer_data(activations=["relu", "tanh"], ranks=(2,))
+    a = static_explorer_html(uid="same", data=data, activation="tanh", alpha=-1.0)
+    b = static_explorer_html(uid="same", activations=["relu", "tanh"], ranks=(2,), activation="tanh", alpha=-1.0)
+    assert a == b
+    assert '<option value="2" selected>' in a
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="activation must be one of"):
         static_explorer_html(activation="relu", activations=["silu"])
