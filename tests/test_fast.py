@@ -293,3 +293,31 @@ def test_bench_runs_tiny_and_writes_json(tmp_path, capsys):
     assert set(hl["ratios"]) == {"gated_mlp", "symmetric_mlp"}
     assert hl["saved_bytes"]["gated_mlp"] < hl["saved_bytes"]["llama_mlp"]
     assert res["suites"]["rank"]["parameters"]["dense"] > 0
+
+
+@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("act", ["silu", "relu", "tanh", "identity"])
+def test_torch_func_transforms_and_forward_mode(cls, act):
+    """torch.func.grad / vmap / jacrev and forward-mode AD agree with the plain path."""
+    from torch.autograd import forward_ad as fwAD
+
+    fast, plain = _pair(cls, act, 2, d=5, m=4, d_out=3)
+    x = torch.randn(6, 5, dtype=torch.float64)
+
+    def loss(layer):
+        return lambda p: torch.func.functional_call(layer, p, (x,)).pow(2).sum()
+
+    params = {n: p.detach() for n, p in fast.named_parameters()}
+    g_fast, g_plain = torch.func.grad(loss(fast))(params), torch.func.grad(loss(plain))(params)
+    for n in params:
+        torch.testing.assert_close(g_fast[n], g_plain[n])
+    xb = torch.randn(2, 6, 5, dtype=torch.float64)
+    torch.testing.assert_close(torch.func.vmap(fast)(xb), plain(xb))
+    torch.testing.assert_close(torch.func.jacrev(fast)(x), torch.func.jacrev(plain)(x))
+    tangent = torch.randn_like(x)
+    jvps = []
+    for layer in (fast, plain):
+        with fwAD.dual_level():
+            y = layer(fwAD.make_dual(x.clone().requires_grad_(), tangent))
+            jvps.append(fwAD.unpack_dual(y).tangent)
+    torch.testing.assert_close(*jvps)

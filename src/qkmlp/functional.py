@@ -41,6 +41,8 @@ __all__ = [
     "symmetric_reference",
     "GatedFn",
     "SymmetricFn",
+    "GatedJvpFn",
+    "SymmetricJvpFn",
 ]
 
 _aten = torch.ops.aten
@@ -153,25 +155,51 @@ def _weight_grads(ctx, gab, x, w_qk, h, grad_y, value):
     return grad_x, grad_w, grad_v
 
 
-class GatedFn(torch.autograd.Function):
+def _tangent_ab(x, w_qk, dx, dw):
+    """d(x @ W_qkᵀ) from the tangents of x and W_qk (either may be None)."""
+    parts = []
+    if dx is not None:
+        parts.append(dx @ w_qk.T)
+    if dw is not None:
+        parts.append(x @ dw.T)
+    return sum(parts[1:], parts[0]) if parts else torch.zeros(x.shape[0], w_qk.shape[0], dtype=x.dtype, device=x.device)
+
+
+class _FusedBase(torch.autograd.Function):
+    """Shared plumbing: forward returns (y, ab); ab is saved, not differentiable.
+
+    In the style that ``torch.func`` transforms need (``setup_context``), with an
+    automatic vmap rule; the ``*JvpFn`` subclasses add a forward-mode rule.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, w_qk, value, name, m, r = inputs
+        _, ab = output
+        ctx.mark_non_differentiable(ab)
+        ctx.save_for_backward(x, w_qk, value, ab)
+        ctx.save_for_forward(x, w_qk, value, ab)
+        ctx.name, ctx.m, ctx.r = name, m, r
+
+
+class GatedFn(_FusedBase):
     """y = (Σ_s σ(a_s) b_s) @ V with [a; b] = x @ W_qkᵀ. Saves x and [a; b] only.
 
     Inputs: x (N, d), w_qk (2mr, d), value (m, d_out), all of one dtype; name of a
-    registered activation; m; r. Output (N, d_out).
+    registered activation; m; r. Outputs (y (N, d_out), [a; b] (N, 2mr)); use
+    :func:`gated`, which returns y.
     """
 
     @staticmethod
-    def forward(ctx, x, w_qk, value, name: str, m: int, r: int):
-        cdt = compute_dtype(x.dtype)
+    def forward(x, w_qk, value, name: str, m: int, r: int):
         ab = x @ w_qk.T
-        h = _gated_hidden(name, ab, m, r, cdt, scratch=False)
-        y = h.to(x.dtype) @ value
-        ctx.save_for_backward(x, w_qk, value, ab)
-        ctx.name, ctx.m, ctx.r = name, m, r
-        return y
+        h = _gated_hidden(name, ab, m, r, compute_dtype(x.dtype), scratch=False)
+        return h.to(x.dtype) @ value, ab
 
     @staticmethod
-    def backward(ctx, grad_y):
+    def backward(ctx, grad_y, _grad_ab):
         x, w_qk, value, ab = ctx.saved_tensors
         m, r, dt = ctx.m, ctx.r, x.dtype
         cdt = compute_dtype(dt)
@@ -187,21 +215,20 @@ class GatedFn(torch.autograd.Function):
         return gx, gw, gv, None, None, None
 
 
-class SymmetricFn(torch.autograd.Function):
-    """y = σ(Σ_s a_s b_s) @ V with [a; b] = x @ W_qkᵀ. Saves x and [a; b] only."""
+class SymmetricFn(_FusedBase):
+    """y = σ(Σ_s a_s b_s) @ V with [a; b] = x @ W_qkᵀ. Saves x and [a; b] only.
+
+    Inputs and outputs as :class:`GatedFn`; use :func:`symmetric`, which returns y.
+    """
 
     @staticmethod
-    def forward(ctx, x, w_qk, value, name: str, m: int, r: int):
-        cdt = compute_dtype(x.dtype)
+    def forward(x, w_qk, value, name: str, m: int, r: int):
         ab = x @ w_qk.T
-        h = _symmetric_hidden(name, ab, m, r, cdt, scratch=False)
-        y = h.to(x.dtype) @ value
-        ctx.save_for_backward(x, w_qk, value, ab)
-        ctx.name, ctx.m, ctx.r = name, m, r
-        return y
+        h = _symmetric_hidden(name, ab, m, r, compute_dtype(x.dtype), scratch=False)
+        return h.to(x.dtype) @ value, ab
 
     @staticmethod
-    def backward(ctx, grad_y):
+    def backward(ctx, grad_y, _grad_ab):
         x, w_qk, value, ab = ctx.saved_tensors
         m, r, dt = ctx.m, ctx.r, x.dtype
         cdt = compute_dtype(dt)
@@ -215,6 +242,48 @@ class SymmetricFn(torch.autograd.Function):
         h = s.to(dt)
         gx, gw, gv = _weight_grads(ctx, gab, x, w_qk, h, grad_y, value)
         return gx, gw, gv, None, None, None
+
+
+class GatedJvpFn(GatedFn):
+    """:class:`GatedFn` with a forward-mode rule, for eager ``torch.func.jvp`` / ``forward_ad``.
+
+    (Dynamo cannot trace an autograd.Function with a custom ``jvp``, so compiled code uses
+    :class:`GatedFn`.)
+    """
+
+    @staticmethod
+    def jvp(ctx, dx, dw, dv, *_):
+        x, w_qk, value, ab = ctx.saved_tensors
+        m, r, dt = ctx.m, ctx.r, x.dtype
+        cdt = compute_dtype(dt)
+        dab = _tangent_ab(x, w_qk, dx, dw)
+        a, b = _split(ab, m, r, cdt)
+        da, db = _split(dab, m, r, cdt)
+        s = ACTIVATIONS[ctx.name](a)
+        dh = _sum_rank(activation_backward(ctx.name, da, a, s) * b + s * db).to(dt)
+        dy = dh @ value
+        if dv is not None:
+            dy = dy + _sum_rank(s * b).to(dt) @ dv
+        return dy, None
+
+
+class SymmetricJvpFn(SymmetricFn):
+    """:class:`SymmetricFn` with a forward-mode rule (see :class:`GatedJvpFn`)."""
+
+    @staticmethod
+    def jvp(ctx, dx, dw, dv, *_):
+        x, w_qk, value, ab = ctx.saved_tensors
+        m, r, dt = ctx.m, ctx.r, x.dtype
+        cdt = compute_dtype(dt)
+        dab = _tangent_ab(x, w_qk, dx, dw)
+        a, b = _split(ab, m, r, cdt)
+        da, db = _split(dab, m, r, cdt)
+        p = _sum_rank(a * b)
+        s = ACTIVATIONS[ctx.name](p)
+        dy = activation_backward(ctx.name, _sum_rank(da * b + a * db), p, s).to(dt) @ value
+        if dv is not None:
+            dy = dy + s.to(dt) @ dv
+        return dy, None
 
 
 def _check_args(x, w_qk, value, m, r):
@@ -238,7 +307,8 @@ def gated(x: torch.Tensor, w_qk: torch.Tensor, value: torch.Tensor, activation: 
     """Fused gated rank-r MLP on a 2-D batch: (N, d) -> (N, d_out). See :class:`GatedFn`."""
     _check_args(x, w_qk, value, m, r)
     if _needs_grad(x, w_qk, value):
-        return GatedFn.apply(x, w_qk, value, activation, m, r)
+        f = GatedFn if torch.compiler.is_compiling() else GatedJvpFn
+        return f.apply(x, w_qk, value, activation, m, r)[0]
     h = _gated_hidden(activation, x @ w_qk.T, m, r, compute_dtype(x.dtype), scratch=True)
     return h.to(x.dtype) @ value
 
@@ -247,7 +317,8 @@ def symmetric(x: torch.Tensor, w_qk: torch.Tensor, value: torch.Tensor, activati
     """Fused symmetric rank-r MLP on a 2-D batch: (N, d) -> (N, d_out). See :class:`SymmetricFn`."""
     _check_args(x, w_qk, value, m, r)
     if _needs_grad(x, w_qk, value):
-        return SymmetricFn.apply(x, w_qk, value, activation, m, r)
+        f = SymmetricFn if torch.compiler.is_compiling() else SymmetricJvpFn
+        return f.apply(x, w_qk, value, activation, m, r)[0]
     h = _symmetric_hidden(activation, x @ w_qk.T, m, r, compute_dtype(x.dtype), scratch=True)
     return h.to(x.dtype) @ value
 
