@@ -15,6 +15,7 @@ from qkmlp.widgets import (  # noqa: E402
     SymmetryExplorer,
     component_products,
     default_alphas,
+    make_batch,
     make_layer,
     measure,
     scaling_sweep,
@@ -147,7 +148,7 @@ def test_component_products_relations():
 def test_measure_agrees_with_sweep():
     alphas = [-2.0, 0.5, 3.0]
     sw = scaling_sweep("gated", alphas, ["gelu", "relu"])
-    x = __import__("qkmlp.widgets", fromlist=["make_batch"]).make_batch()
+    x = make_batch()
     layer = make_layer("gated", "gelu")
     for i, a in enumerate(alphas):
         assert sw["gelu"][i] == measure(layer, x, a)["scale_change"]
