@@ -105,12 +105,23 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_interleaved(cands: dict[str, Callable[[], object]], device, *, reps: int = 15, warmup: int = 2) -> dict:
-    """Median, min and all per-call times (seconds) of each candidate, run interleaved."""
+def time_interleaved(cands: dict[str, Callable[[], object]], device, *, reps: int = 15, warmup: int = 2,
+                     seed: int = 0) -> dict:
+    """Median, min and all per-call times (seconds) of each candidate, run interleaved.
+
+    Each round runs every candidate once, in an order shuffled per round (fixed seed), so
+    that neither load bursts nor a fixed position in the round favour one candidate.
+    """
+    import random
+
     device = torch.device(device)
+    rng = random.Random(seed)
     times = {k: [] for k in cands}
+    names = list(cands)
     for i in range(warmup + reps):
-        for name, fn in cands.items():
+        rng.shuffle(names)
+        for name in names:
+            fn = cands[name]
             _sync(device)
             t0 = time.perf_counter()
             fn()
@@ -128,7 +139,7 @@ def _fwd_bwd(module_fn, x, params, gy):
 
 
 def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.float32, device="cpu",
-                   reps: int = 15, seed: int = 0) -> dict:
+                   reps: int = 21, seed: int = 0) -> dict:
     """Floor, Llama-style MLP, (Liger), GatedMLP and SymmetricBilinearMLP at rank 1."""
     device = torch.device(device)
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -162,11 +173,13 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
     xg = x.detach().requires_grad_(True)
     fb = {k: _fwd_bwd(mod, xg, ps, gy) for k, (mod, ps) in mods.items()}
     t_fb = time_interleaved(fb, device, reps=max(3, reps // 2))
+    mins_f = {k: t["min_s"] for k, t in t_fwd.items()}
+    mins_b = {k: t["min_s"] for k, t in t_fb.items()}
     mem = {k: saved_bytes(lambda mod=mod: mod(xg), ps) for k, (mod, ps) in mods.items()}
 
     med_f = {k: t["median_s"] for k, t in t_fwd.items()}
     med_b = {k: t["median_s"] for k, t in t_fb.items()}
-    ratios = {}
+    ratios, ratios_of_minima = {}, {}
     for k in ("gated_mlp", "symmetric_mlp"):
         ratios[k] = {
             "fwd_vs_floor": med_f[k] / med_f["floor_gemms"],
@@ -174,6 +187,12 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
             "fwd_bwd_vs_llama": med_b[k] / med_b["llama_mlp"],
             "saved_bytes_vs_llama": mem[k] / mem["llama_mlp"],
         }
+        min_ratios = {
+            "fwd_vs_floor": mins_f[k] / mins_f["floor_gemms"],
+            "fwd_vs_llama": mins_f[k] / mins_f["llama_mlp"],
+            "fwd_bwd_vs_llama": mins_b[k] / mins_b["llama_mlp"],
+        }
+        ratios_of_minima[k] = min_ratios
         if "liger_swiglu" in med_f:
             ratios[k]["fwd_vs_liger"] = med_f[k] / med_f["liger_swiglu"]
             ratios[k]["fwd_bwd_vs_liger"] = med_b[k] / med_b["liger_swiglu"]
@@ -181,11 +200,12 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
         "config": {"d": d, "m": m, "n": n, "dtype": str(dtype).replace("torch.", ""), "device": str(device),
                    "reps_fwd": reps, "reps_fwd_bwd": max(3, reps // 2)},
         "forward": t_fwd, "forward_backward": t_fb, "saved_bytes": mem, "ratios": ratios,
+        "ratios_of_minima": ratios_of_minima,
     }
 
 
 def bench_rank(d: int = 512, m: int = 344, n: int = 256, ranks=(1, 2, 4, 8, 16), *, dtype=torch.float32,
-               device="cpu", reps: int = 7, seed: int = 0, dense: bool = True) -> dict:
+               device="cpu", reps: int = 11, seed: int = 0, dense: bool = True) -> dict:
     """Rank-r gated and symmetric layers against the dense layer (A_j materialised)."""
     device = torch.device(device)
     fk = {"device": device, "dtype": dtype}
@@ -214,7 +234,7 @@ def bench_rank(d: int = 512, m: int = 344, n: int = 256, ranks=(1, 2, 4, 8, 16),
 
 
 def bench_size(ds=(64, 128, 256, 512), m: int = 344, n: int = 256, *, dtype=torch.float32, device="cpu",
-               reps: int = 7, seed: int = 0) -> dict:
+               reps: int = 9, seed: int = 0) -> dict:
     """Forward time against d: dense (m·d² per token), rank 1 and rank 8 (m·r·d)."""
     device = torch.device(device)
     fk = {"device": device, "dtype": dtype}
@@ -329,6 +349,8 @@ def format_report(res: dict) -> str:
                          f"{(f'{sb / 2**20:10.1f}' if sb is not None else '-'):>10s}")
         for k, r in hl["ratios"].items():
             lines.append(f"{k}: " + ", ".join(f"{n} {v:.3f}" for n, v in r.items()))
+        for k, r in hl.get("ratios_of_minima", {}).items():
+            lines.append(f"{k} (ratios of minima): " + ", ".join(f"{n} {v:.3f}" for n, v in r.items()))
     if "rank" in res["suites"]:
         rk = res["suites"]["rank"]
         c = rk["config"]
