@@ -321,3 +321,18 @@ def test_torch_func_transforms_and_forward_mode(cls, act):
             y = layer(fwAD.make_dual(x.clone().requires_grad_(), tangent))
             jvps.append(fwAD.unpack_dual(y).tangent)
     torch.testing.assert_close(*jvps)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_other_layers_apply_sigma_in_float32(dtype):
+    torch.manual_seed(10)
+    x = torch.randn(6, 8, dtype=dtype)
+    kv = KeyValueMLP(8, 12, activation="gelu", dtype=dtype)
+    want = F.gelu((x @ kv.key.T).float()).to(dtype) @ kv.value
+    torch.testing.assert_close(kv(x), want, rtol=0, atol=0)
+    sq = StaticQueryMLP(8, 12, activation="silu", dtype=dtype)
+    want = F.silu(((x @ sq.query) @ sq.key.T).float()).to(dtype) @ sq.value
+    torch.testing.assert_close(sq(x), want, rtol=0, atol=0)
+    dense = BilinearAttentionMLP(8, 5, dtype=dtype)
+    want = F.silu(dense.scores(x).float()).to(dtype) @ dense.value
+    torch.testing.assert_close(dense(x), want, rtol=0, atol=0)

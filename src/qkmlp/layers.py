@@ -18,6 +18,8 @@ scale of a default ``nn.Linear`` stack:
 The factored layers (:class:`SymmetricBilinearMLP`, :class:`GatedMLP`) pack ``query`` and
 ``key`` into one parameter ``query_key`` of shape (2, m, r, d) and expose the two as
 writable views; their forward pass is the fused two-GEMM path of :mod:`qkmlp.functional`.
+In float16 and bfloat16 every layer runs its matrix products in that dtype and σ (and
+the factored layers' products) in float32.
 """
 from __future__ import annotations
 
@@ -74,6 +76,11 @@ class _QKMLPBase(nn.Module):
         parts.append(f"activation={self.activation.name}")
         return ", ".join(parts)
 
+    def _act(self, z: torch.Tensor) -> torch.Tensor:
+        """σ(z), computed in float32 when z is float16 or bfloat16, returned in z's dtype."""
+        cdt = _fn.compute_dtype(z.dtype)
+        return self.activation(z) if cdt == z.dtype else self.activation(z.to(cdt)).to(z.dtype)
+
     def _new_value(self, factory_kwargs) -> nn.Parameter:
         return nn.Parameter(torch.empty(self.d_hidden, self.d_out, **factory_kwargs))
 
@@ -104,7 +111,7 @@ class KeyValueMLP(_QKMLPBase):
     def coefficients(self, x: torch.Tensor) -> torch.Tensor:
         """Memory coefficients σ(xKᵀ): (..., d) -> (..., m)."""
         self._check_input(x)
-        return self.activation(x @ self.key.T)
+        return self._act(x @ self.key.T)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.coefficients(x) @ self.value
@@ -136,7 +143,7 @@ class StaticQueryMLP(_QKMLPBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
-        return self.activation((x @ self.query) @ self.key.T) @ self.value
+        return self._act((x @ self.query) @ self.key.T) @ self.value
 
     @torch.no_grad()
     def absorbed(self) -> KeyValueMLP:
@@ -182,7 +189,7 @@ class BilinearAttentionMLP(_QKMLPBase):
         return s.reshape(*lead, self.d_hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.activation(self.scores(x)) @ self.value
+        return self._act(self.scores(x)) @ self.value
 
 
 class _RankRBase(_QKMLPBase):
