@@ -218,3 +218,45 @@ def test_digits_bias_appends_a_constant_and_breaks_parity():
     xb = torch.cat([x, torch.ones(16, 1)], 1)
     sym_b = make_layer("sym1-silu", 9, 3, 100)
     assert not torch.allclose(sym_b(torch.cat([-x, torch.ones(16, 1)], 1)), sym_b(xb))
+
+
+# --- report ------------------------------------------------------------------------------
+
+def _fake(metric, higher, a_vals, b_vals):
+    runs = [{"family": f, "seed": s, metric: v} for f, vals in (("A", a_vals), ("B", b_vals))
+            for s, v in enumerate(vals)]
+    return {"meta": {"metric": metric, "higher_is_better": higher}, "runs": runs}
+
+
+def test_gain_is_oriented_so_positive_means_better():
+    from qkmlp.experiments.report import format_rows, gain
+    acc = gain(_fake("test_acc", True, [0.9, 0.8, 0.95], [0.8, 0.7, 0.9]), {"family": "A"}, {"family": "B"})
+    loss = gain(_fake("test_loss", False, [0.1, 0.2, 0.1], [0.3, 0.5, 0.2]), {"family": "A"}, {"family": "B"})
+    for r in (acc, loss):
+        assert r["mean_diff"] > 0 and r["wins"] == 3 and r["losses"] == 0
+    assert loss["mean_diff"] == pytest.approx((0.2 + 0.3 + 0.1) / 3)
+    assert "A vs B" in format_rows([acc, loss])
+
+
+def test_parity_floor_zero_for_even_teachers_positive_otherwise():
+    from qkmlp.experiments.tasks import parity_floor
+    assert parity_floor("sym1-silu", 4, 4, 32, 32, 0) < 1e-10
+    assert parity_floor("gated1-identity", 4, 4, 32, 32, 0) < 1e-10
+    assert parity_floor("kv-relu", 4, 4, 32, 32, 0) > 0.05
+
+
+def test_report_plots_run(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from qkmlp.experiments.report import plot_cross_table, plot_curves, plot_final, plot_recall, plot_swap, swap_rows
+    res = {t: run_grid(t, seeds=range(2), quick=True, progress=False) for t in ("digits", "teacher", "recall")}
+    fig, axes = plt.subplots(1, 5)
+    plot_final(res["digits"], axes[0])
+    plot_curves(res["digits"], axes[1], ["kv-relu", "gated1-silu"])
+    plot_cross_table(res["teacher"], axes[2])
+    plot_recall(res["recall"], axes[3], ["kv-relu", "gated1-silu"])
+    rows = swap_rows({"digits": res["digits"]}, ["gated1-silu"])
+    assert rows[0]["n"] == 2
+    plot_swap(rows, axes[4])
+    plt.close(fig)
