@@ -1,8 +1,7 @@
 """Experiments: does breaking the q ↔ k symmetry matter when you train?
 
-Families of layers at matched parameter counts (:mod:`.families`), four tasks (five with
-the digits-with-bias control)
-(:mod:`.tasks`), a grid runner that stores JSON results (:mod:`.runner`) and paired
+Families of layers at matched parameter counts (:mod:`.families`), four tasks plus a
+digits-with-bias control (:mod:`.tasks`), a grid runner that stores JSON results (:mod:`.runner`) and paired
 statistics across seeds (:mod:`.stats`). Run the full grid with
 ``python -m qkmlp.experiments --task all --device cpu``.
 """
