@@ -339,27 +339,10 @@ _EXPLORER_STATE_JS = """
 })
 """
 
-_MOVE_SLIDER_JS = """
-(root) => {
-  const s = root.querySelector('input[type=range].qkmlp-alpha');
+_FARTHER_END_JS = """
+(s) => {
   const lo = parseFloat(s.min || '0'), hi = parseFloat(s.max || '100'), v = parseFloat(s.value);
-  // move far from the current value: to the end it is farther from
-  s.value = String((hi - v) > (v - lo) ? hi : lo);
-  s.dispatchEvent(new Event('input', {bubbles: true}));
-  s.dispatchEvent(new Event('change', {bubbles: true}));
-  return s.value;
-}
-"""
-
-_PICK_OPTION_JS = """
-(root) => {
-  const s = root.querySelector('select.qkmlp-activation');
-  const other = [...s.options].find(o => o.value !== s.value);
-  if (!other) return null;
-  s.value = other.value;
-  s.dispatchEvent(new Event('input', {bubbles: true}));
-  s.dispatchEvent(new Event('change', {bubbles: true}));
-  return s.value;
+  return (hi - v) > (v - lo) ? 'End' : 'Home';
 }
 """
 
@@ -381,20 +364,28 @@ def test_static_explorer_answers_its_slider(site, server, browser):
                     assert root.locator(sel).count() == 1, f"{p}: explorer {i} lacks exactly one {sel}"
                 root.scroll_into_view_if_needed()
                 before = root.evaluate(_EXPLORER_STATE_JS)
-                moved_to = root.evaluate(_MOVE_SLIDER_JS)
+                # move the slider as a reader would: focus it, jump to its farther end
+                slider = root.locator("input[type=range].qkmlp-alpha")
+                key = slider.evaluate(_FARTHER_END_JS)
+                slider.focus()
+                page.keyboard.press(key)
                 page.wait_for_timeout(300)
                 after = root.evaluate(_EXPLORER_STATE_JS)
-                assert moved_to != before["alpha"], f"{p}: slider did not move (stuck at {before['alpha']})"
+                assert after["alpha"] != before["alpha"], f"{p}: slider did not move (stuck at {before['alpha']})"
                 assert after["alphaText"] != before["alphaText"], f"{p}: α readout did not change"
                 assert after["scale"] != before["scale"], f"{p}: scale-change text did not change"
                 assert after["plot"] != before["plot"], f"{p}: plot did not change with the slider"
                 root.screenshot(path=str(SCREENSHOTS / f"explorer_{_slug(p)}_{i}_moved.png"))
-                picked = root.evaluate(_PICK_OPTION_JS)
-                page.wait_for_timeout(300)
-                again = root.evaluate(_EXPLORER_STATE_JS)
-                if picked is not None:
+                activation = root.locator("select.qkmlp-activation")
+                current = activation.input_value()
+                others = [v for v in activation.locator("option").evaluate_all("os => os.map(o => o.value)")
+                          if v != current]
+                if others:
+                    activation.select_option(others[0])
+                    page.wait_for_timeout(300)
+                    again = root.evaluate(_EXPLORER_STATE_JS)
                     assert (again["scale"], again["swap"], again["plot"]) != (after["scale"], after["swap"], after["plot"]), \
-                        f"{p}: choosing activation {picked} changed nothing"
+                        f"{p}: choosing activation {others[0]} changed nothing"
             page.wait_for_timeout(50)
             page.close()
             assert not report.js_errors, f"{p}: JavaScript errors while moving the explorer: {report.js_errors}"
