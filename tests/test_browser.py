@@ -131,7 +131,9 @@ async () => {
   while (!(window.MathJax && MathJax.startup && MathJax.startup.promise) && Date.now() - t0 < 20000)
     await new Promise(r => setTimeout(r, 50));
   if (!(window.MathJax && MathJax.startup)) return {count: els.length, mathjax: false};
-  await MathJax.startup.promise;
+  const done = await Promise.race([MathJax.startup.promise.then(() => true),
+                                   new Promise(r => setTimeout(() => r(false), 60000))]);
+  if (!done) return {count: els.length, mathjax: true, untypeset: ['MathJax still typesetting after 60 s'], errors: []};
   const untypeset = els.filter(e => !e.querySelector('mjx-container'))
                        .map(e => e.textContent.trim().slice(0, 80));
   return {count: els.length, mathjax: true, untypeset,
