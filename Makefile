@@ -26,4 +26,4 @@ bench: $(STAMP)
 	$(PY) -m qkmlp.bench
 
 clean:
-	rm -rf _build
+	rm -rf _build test-artifacts
