@@ -336,3 +336,14 @@ def test_other_layers_apply_sigma_in_float32(dtype):
     dense = BilinearAttentionMLP(8, 5, dtype=dtype)
     want = F.silu(dense.scores(x).float()).to(dtype) @ dense.value
     torch.testing.assert_close(dense(x), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("f", [fn.gated, fn.symmetric])
+def test_double_backward(f):
+    """create_graph=True goes through the out=-free branch of backward, so it is differentiable."""
+    torch.manual_seed(11)
+    m, r, d, o = 3, 2, 4, 2
+    x = torch.randn(5, d, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2 * m * r, d, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(m, o, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda x, w, v: f(x, w, v, "silu", m, r), (x, w, v))

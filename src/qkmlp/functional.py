@@ -67,6 +67,25 @@ _BACKWARD: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.
     "relu2": _relu2_backward,
 }
 
+def _relu2_backward_into(grad, z, s, out):
+    return out.mul_(2.0 * F.relu(z))
+
+
+# The same, written into ``out`` (which may alias ``grad``): eager mode only, since
+# Dynamo does not trace ``out=`` into non-contiguous views.
+_BACKWARD_INTO: dict[str, Callable] = {
+    "identity": lambda grad, z, s, out: out if out is grad else out.copy_(grad),
+    "relu": lambda grad, z, s, out: _aten.threshold_backward.grad_input(grad, z, 0, grad_input=out),
+    "leaky_relu": lambda grad, z, s, out: _aten.leaky_relu_backward.grad_input(grad, z, 0.01, False, grad_input=out),
+    "gelu": lambda grad, z, s, out: _aten.gelu_backward.grad_input(grad, z, approximate="none", grad_input=out),
+    "gelu_tanh": lambda grad, z, s, out: _aten.gelu_backward.grad_input(grad, z, approximate="tanh", grad_input=out),
+    "silu": lambda grad, z, s, out: _aten.silu_backward.grad_input(grad, z, grad_input=out),
+    "tanh": lambda grad, z, s, out: _aten.tanh_backward.grad_input(grad, s, grad_input=out),
+    "sigmoid": lambda grad, z, s, out: _aten.sigmoid_backward.grad_input(grad, s, grad_input=out),
+    "softplus": lambda grad, z, s, out: _aten.softplus_backward.grad_input(grad, z, 1, 20, grad_input=out),
+    "relu2": _relu2_backward_into,
+}
+
 #: The activation names with a fused path: every registered one of :mod:`qkmlp.activations`.
 FUSED_ACTIVATIONS: tuple[str, ...] = tuple(_BACKWARD)
 
@@ -165,6 +184,44 @@ def _tangent_ab(x, w_qk, dx, dw):
     return sum(parts[1:], parts[0]) if parts else torch.zeros(x.shape[0], w_qk.shape[0], dtype=x.dtype, device=x.device)
 
 
+def _eager() -> bool:
+    """Plain eager autograd: not compiling, and no torch.func transform active."""
+    if torch.compiler.is_compiling():
+        return False
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)   # private: be conservative
+    return active is not None and not active()
+
+
+def _records_backward() -> bool:
+    """Whether autograd is recording this backward (``create_graph=True``) in eager mode."""
+    return torch.is_grad_enabled() and _eager()
+
+
+def _can_write_into(*ts) -> bool:
+    """Whether ``out=`` into views is allowed: eager, and nothing here is differentiated."""
+    return _eager() and not any(t.requires_grad for t in ts)
+
+
+def _grad_buffer(n: int, m: int, r: int, like: torch.Tensor):
+    """An (N, 2mr) buffer for d[a; b] and its two halves viewed as (N, m, r)."""
+    gab = torch.empty(n, 2 * m * r, dtype=like.dtype, device=like.device)
+    return gab, gab[:, : m * r].view(n, m, r), gab[:, m * r:].view(n, m, r)
+
+
+def _plain_backward(ctx, reference, grad_y):
+    """Backward by differentiating the plain formula again (recomputes the forward).
+
+    Used when autograd records the backward itself (``create_graph=True``, double
+    backward): the gradients then depend on x, W_qk and V through ordinary autograd ops.
+    """
+    x, w_qk, value, _ = ctx.saved_tensors
+    with torch.enable_grad():
+        y = reference(x, w_qk, value, ACTIVATIONS[ctx.name], ctx.m, ctx.r)
+        wanted = [t for t, need in zip((x, w_qk, value), ctx.needs_input_grad[:3]) if need]
+        grads = iter(torch.autograd.grad(y, wanted, grad_y, create_graph=True, allow_unused=True))
+    return (*(next(grads) if need else None for need in ctx.needs_input_grad[:3]), None, None, None)
+
+
 class _FusedBase(torch.autograd.Function):
     """Shared plumbing: forward returns (y, ab); ab is saved, not differentiable.
 
@@ -201,16 +258,24 @@ class GatedFn(_FusedBase):
     @staticmethod
     def backward(ctx, grad_y, _grad_ab):
         x, w_qk, value, ab = ctx.saved_tensors
+        if _records_backward():                # create_graph=True: a differentiable backward
+            return _plain_backward(ctx, gated_reference, grad_y)
         m, r, dt = ctx.m, ctx.r, x.dtype
         cdt = compute_dtype(dt)
         n = ab.shape[0]
         a, b = _split(ab, m, r, cdt)
         s = ACTIVATIONS[ctx.name](a)                            # σ(a), recomputed
         grad_h = (grad_y @ value.T).to(cdt).unsqueeze(-1)      # (N, m, 1)
-        grad_b = grad_h * s                                     # d/db of σ(a)·b
-        grad_a = activation_backward(ctx.name, grad_h * b, a, s)  # d/da of σ(a)·b
+        if not _can_write_into(grad_h, a, b):
+            grad_b = grad_h * s                                     # d/db of σ(a)·b
+            grad_a = activation_backward(ctx.name, grad_h * b, a, s)  # d/da of σ(a)·b
+            gab = torch.cat([grad_a.reshape(n, m * r), grad_b.reshape(n, m * r)], dim=1)
+        else:   # the same, written straight into the two halves of d[a; b]
+            gab, grad_a, grad_b = _grad_buffer(n, m, r, s)
+            torch.mul(grad_h, s, out=grad_b)
+            _BACKWARD_INTO[ctx.name](torch.mul(grad_h, b, out=grad_a), a, s, grad_a)
         h = _sum_rank(s * b if ctx.name == "identity" else s.mul_(b)).to(dt)   # h, recomputed
-        gab = torch.cat([grad_a.reshape(n, m * r), grad_b.reshape(n, m * r)], dim=1).to(dt)
+        gab = gab.to(dt)
         gx, gw, gv = _weight_grads(ctx, gab, x, w_qk, h, grad_y, value)
         return gx, gw, gv, None, None, None
 
@@ -230,6 +295,8 @@ class SymmetricFn(_FusedBase):
     @staticmethod
     def backward(ctx, grad_y, _grad_ab):
         x, w_qk, value, ab = ctx.saved_tensors
+        if _records_backward():                # create_graph=True: a differentiable backward
+            return _plain_backward(ctx, symmetric_reference, grad_y)
         m, r, dt = ctx.m, ctx.r, x.dtype
         cdt = compute_dtype(dt)
         a, b = _split(ab, m, r, cdt)
@@ -238,7 +305,13 @@ class SymmetricFn(_FusedBase):
         s = ACTIVATIONS[ctx.name](p)                           # h = σ(p), recomputed
         grad_h = (grad_y @ value.T).to(cdt)
         grad_p = activation_backward(ctx.name, grad_h, p, s).unsqueeze(-1)
-        gab = torch.cat([(grad_p * b).reshape(n, m * r), (grad_p * a).reshape(n, m * r)], dim=1).to(dt)
+        if not _can_write_into(grad_p, a, b):
+            gab = torch.cat([(grad_p * b).reshape(n, m * r), (grad_p * a).reshape(n, m * r)], dim=1)
+        else:   # the same, written straight into the two halves of d[a; b]
+            gab, grad_a, grad_b = _grad_buffer(n, m, r, grad_p)
+            torch.mul(grad_p, b, out=grad_a)
+            torch.mul(grad_p, a, out=grad_b)
+        gab = gab.to(dt)
         h = s.to(dt)
         gx, gw, gv = _weight_grads(ctx, gab, x, w_qk, h, grad_y, value)
         return gx, gw, gv, None, None, None
