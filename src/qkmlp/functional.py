@@ -111,12 +111,16 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
-def _split(ab: torch.Tensor, m: int, r: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, 2mr) -> a, b views of shape (N, m, r), upcast to ``dtype`` (a copy only then)."""
+def _split(ab: torch.Tensor, m: int, r: int, dtype: torch.dtype, *, upcast_b: bool = True):
+    """(N, 2mr) -> a, b views of shape (N, m, r), upcast to ``dtype`` (a copy only then).
+
+    With ``upcast_b=False`` b keeps ab's dtype: a product with the upcast a then promotes
+    b elementwise inside the kernel, without a float32 copy of b.
+    """
     n = ab.shape[0]
     a = ab[:, : m * r].view(n, m, r) if ab.is_contiguous() else ab[:, : m * r].reshape(n, m, r)
     b = ab[:, m * r:].view(n, m, r) if ab.is_contiguous() else ab[:, m * r:].reshape(n, m, r)
-    return a.to(dtype), b.to(dtype)
+    return a.to(dtype), (b.to(dtype) if upcast_b else b)
 
 
 def _sum_rank(t: torch.Tensor) -> torch.Tensor:
@@ -143,7 +147,7 @@ def _act_into(name: str, z: torch.Tensor) -> torch.Tensor:
 
 def _gated_hidden(name: str, ab: torch.Tensor, m: int, r: int, cdt, *, scratch: bool) -> torch.Tensor:
     """h = Σ_s σ(a_s) b_s, (N, m); overwrites ab when ``scratch`` (inference)."""
-    a, b = _split(ab, m, r, cdt)
+    a, b = _split(ab, m, r, cdt, upcast_b=False)
     own = scratch or ab.dtype != cdt   # may overwrite a: ab is scratch, or a is an upcast copy
     if own:
         s = _act_into(name, a)
@@ -157,7 +161,7 @@ def _gated_hidden(name: str, ab: torch.Tensor, m: int, r: int, cdt, *, scratch: 
 
 def _symmetric_hidden(name: str, ab: torch.Tensor, m: int, r: int, cdt, *, scratch: bool) -> torch.Tensor:
     """h = σ(Σ_s a_s b_s), (N, m); overwrites ab when ``scratch`` (inference)."""
-    a, b = _split(ab, m, r, cdt)
+    a, b = _split(ab, m, r, cdt, upcast_b=False)
     if r == 1:
         p = a.mul_(b) if (scratch or ab.dtype != cdt) else a * b
         p = p.squeeze(-1)
