@@ -43,6 +43,11 @@ def _git_commit() -> str:
         return "unknown"
 
 
+# The code a process runs is the code it imported: record the commit at import time (the
+# checkout may move on while a long grid runs).
+_IMPORT_COMMIT = _git_commit()
+
+
 def _hardware(device: torch.device) -> dict:
     hw = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
           "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
@@ -101,7 +106,6 @@ def run_grid(task: str, seeds: Iterable[int] = range(5), config: Optional[dict] 
         raise ValueError("seeds must not be empty")
     grid = cells if cells is not None else t.cells(cfg)
     jobs = [(c, s) for c in grid for s in seeds]
-    commit = _git_commit()          # the code that runs is the code at the start
     start = time.perf_counter()
     bar = None
     if progress:
@@ -118,7 +122,7 @@ def run_grid(task: str, seeds: Iterable[int] = range(5), config: Optional[dict] 
     meta = {
         "task": task, "description": t.description, "metric": t.metric,
         "higher_is_better": t.higher_is_better, "qkmlp_version": __version__,
-        "git_commit": commit, "torch_version": torch.__version__,
+        "git_commit": _IMPORT_COMMIT, "torch_version": torch.__version__,
         "python": platform.python_version(), "device": str(dev), "hardware": _hardware(dev),
         "seeds": seeds, "wall_s": time.perf_counter() - start,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
