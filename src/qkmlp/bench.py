@@ -142,6 +142,7 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
                    reps: int = 21, seed: int = 0) -> dict:
     """Floor, Llama-style MLP, (Liger), GatedMLP and SymmetricBilinearMLP at rank 1."""
     device = torch.device(device)
+    load_start = _loadavg()
     g = torch.Generator(device="cpu").manual_seed(seed)
     fk = {"device": device, "dtype": dtype}
     torch.manual_seed(seed)
@@ -201,6 +202,7 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
                    "reps_fwd": reps, "reps_fwd_bwd": max(3, reps // 2)},
         "forward": t_fwd, "forward_backward": t_fb, "saved_bytes": mem, "ratios": ratios,
         "ratios_of_minima": ratios_of_minima,
+        "loadavg_start": load_start, "loadavg_end": _loadavg(),
     }
 
 
@@ -251,6 +253,14 @@ def bench_size(ds=(64, 128, 256, 512), m: int = 344, n: int = 256, *, dtype=torc
     return {"config": {"ds": list(ds), "m": m, "n": n, "dtype": str(dtype).replace("torch.", ""),
                        "device": str(device), "reps": reps},
             "forward_median_s": rows}
+
+
+def _loadavg() -> Optional[list]:
+    """The 1, 5 and 15 minute load averages, or None where the OS has none."""
+    try:
+        return list(os.getloadavg())
+    except (OSError, AttributeError):
+        return None
 
 
 def _cpu_model() -> str:
@@ -339,8 +349,10 @@ def format_report(res: dict) -> str:
         lines.append(f"command: {res['command']}")
     for hl in res["suites"].get("headline", []):
         c = hl["config"]
+        la = (f", load avg {hl['loadavg_start'][0]:.2f} -> {hl['loadavg_end'][0]:.2f}"
+              if hl.get("loadavg_start") and hl.get("loadavg_end") else "")
         lines += ["", f"headline: d={c['d']} m={c['m']} N={c['n']} {c['dtype']} on {c['device']} "
-                      f"(medians of {c['reps_fwd']} / {c['reps_fwd_bwd']} interleaved reps)",
+                      f"(medians of {c['reps_fwd']} / {c['reps_fwd_bwd']} interleaved reps{la})",
                   f"{'candidate':16s} {'fwd ms':>9s} {'fwd+bwd ms':>11s} {'saved MiB':>10s}"]
         for k, t in hl["forward"].items():
             fb = hl["forward_backward"].get(k)
