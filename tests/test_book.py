@@ -137,3 +137,19 @@ def test_landing_page_and_metadata(book_build):
     assert "reading path" in landing.lower(), "the landing page should give the reading path"
     assert re.search(r"©\s*Copyright\s*2026|&#169;\s*Copyright\s*2026|Copyright\s*2026", landing)
     assert "The qkmlp authors" in landing
+
+
+def test_api_page_documents_every_public_module():
+    """book/api.md lists an automodule for every module of src/qkmlp (new modules too)."""
+    src = ROOT / "src"
+    modules = set()
+    for path in (src / "qkmlp").rglob("*.py"):
+        parts = path.relative_to(src).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if any(p.startswith("_") for p in parts):
+            continue  # private modules and __main__
+        modules.add(".".join(parts))
+    documented = set(re.findall(r"^\.\. automodule:: (\S+)", (ROOT / "book" / "api.md").read_text(), re.M))
+    assert not modules - documented, f"modules missing from book/api.md: {sorted(modules - documented)}"
+    assert not documented - modules, f"book/api.md documents modules that do not exist: {sorted(documented - modules)}"

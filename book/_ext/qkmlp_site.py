@@ -9,7 +9,8 @@
    unresolved (and ``-n`` reports it).
 2. Docstrings write absolute values and norms as |λ| or |x|, which reST reads as an
    (undefined) substitution reference: outside inline literals and roles, escape such bars
-   so the page shows the text as written.
+   so the page shows the text as written. Likewise a bullet list followed directly by an
+   unindented line (Markdown habit) gets the blank line reST needs to end the list.
 3. Scripts: sphinx-thebe registers its inline configuration script twice under
    jupyter-book, which throws "Identifier 'THEBE_JS_URL' has already been declared" in
    every page; drop exact duplicate scripts from each page.
@@ -61,9 +62,30 @@ def _escape_bars(line: str) -> str:
     return "".join(p if i % 2 else _BARS.sub(r"\\|\1\\|", p) for i, p in enumerate(parts))
 
 
+_BULLET = re.compile(r"^(\s*)[-*+] \S")
+
+
+def _end_bullet_lists(lines: list[str]) -> list[str]:
+    """Insert a blank line where a bullet list runs straight into an unindented line."""
+    out: list[str] = []
+    bullet_indent = None  # indent of the current list's bullets, None outside a list
+    for line in lines:
+        m = _BULLET.match(line)
+        indent = len(line) - len(line.lstrip())
+        if m:
+            bullet_indent = len(m.group(1))
+        elif not line.strip():
+            bullet_indent = None
+        elif bullet_indent is not None and indent <= bullet_indent:
+            out.append("")
+            bullet_indent = None
+        out.append(line)
+    return out
+
+
 def _process_docstring(app, what, name, obj, options, lines):
     if name.startswith("qkmlp"):
-        lines[:] = [_escape_bars(line) for line in lines]
+        lines[:] = _end_bullet_lists([_escape_bars(line) for line in lines])
 
 
 def _dedupe_scripts(app, pagename, templatename, context, doctree):
