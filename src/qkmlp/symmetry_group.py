@@ -361,6 +361,7 @@ def conserved_quantities(layer: nn.Module) -> dict[str, torch.Tensor]:
     - GatedMLP (every σ): ``"|K|^2-|v|^2"`` (m,) = ‖K_j‖²_F − ‖v_j‖²; homogeneous
       σ of degree p also ``"|q|^2-p|k|^2"`` (m, r); linear σ also the symmetric form's two.
     - KeyValueMLP with homogeneous σ: ``"|k|^2-p|v|^2"`` (m,).
+
     Other layers and activations: an empty dict.
     """
     _require_layer(layer)
