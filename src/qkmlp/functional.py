@@ -240,6 +240,7 @@ class _FusedBase(torch.autograd.Function):
         x, w_qk, value, name, m, r = inputs
         _, ab = output
         ctx.mark_non_differentiable(ab)
+        ctx.set_materialize_grads(False)   # no (N, 2mr) zero gradient for ab in backward
         ctx.save_for_backward(x, w_qk, value, ab)
         ctx.save_for_forward(x, w_qk, value, ab)
         ctx.name, ctx.m, ctx.r = name, m, r
@@ -262,6 +263,8 @@ class GatedFn(_FusedBase):
     @staticmethod
     def backward(ctx, grad_y, _grad_ab):
         x, w_qk, value, ab = ctx.saved_tensors
+        if grad_y is None:                     # y did not reach the loss
+            return None, None, None, None, None, None
         if _records_backward():                # create_graph=True: a differentiable backward
             return _plain_backward(ctx, gated_reference, grad_y)
         m, r, dt = ctx.m, ctx.r, x.dtype
@@ -299,6 +302,8 @@ class SymmetricFn(_FusedBase):
     @staticmethod
     def backward(ctx, grad_y, _grad_ab):
         x, w_qk, value, ab = ctx.saved_tensors
+        if grad_y is None:                     # y did not reach the loss
+            return None, None, None, None, None, None
         if _records_backward():                # create_graph=True: a differentiable backward
             return _plain_backward(ctx, symmetric_reference, grad_y)
         m, r, dt = ctx.m, ctx.r, x.dtype
