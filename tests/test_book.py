@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-import yaml
+from toc_notebooks import toc_files
 
 pytestmark = [pytest.mark.book, pytest.mark.slow]
 
@@ -24,19 +24,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 def toc_entries(toc: Path) -> list[str]:
     """Every file of a Jupyter Book toc (without suffix), root first."""
-    data = yaml.safe_load(toc.read_text())
-    files = [data["root"]]
-
-    def walk(entries):
-        for entry in entries or []:
-            if "file" in entry:
-                files.append(entry["file"])
-            walk(entry.get("sections"))
-
-    for part in data.get("parts", []):
-        walk(part.get("chapters"))
-    walk(data.get("chapters"))
-    return files
+    return toc_files(toc)
 
 
 def html_pages(html: Path) -> list[Path]:

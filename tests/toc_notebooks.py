@@ -8,9 +8,9 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def toc_files() -> list[str]:
-    """Every file entry of _toc.yml (without suffix), root first."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+def toc_files(toc_path: Path = ROOT / "_toc.yml") -> list[str]:
+    """Every file entry of a Jupyter Book toc (without suffix), root first."""
+    toc = yaml.safe_load(Path(toc_path).read_text())
     files = [toc["root"]]
 
     def walk(entries):
