@@ -8,6 +8,7 @@ from torch import nn
 from qkmlp import BilinearAttentionMLP, KeyValueMLP
 from qkmlp.examples import (
     BiasCoordinate,
+    FactTask,
     antisymmetric_part,
     capital_facts,
     compare_on_product,
@@ -95,9 +96,21 @@ def test_fact_memory_rejects_bad_threshold():
         fact_memory(task, threshold=-0.9)
 
 
+def test_fact_memory_rejects_tasks_outside_the_theorem():
+    task = capital_facts(d=32)
+    scaled = FactTask(task.words, 2 * task.embeddings, task.facts)
+    with pytest.raises(ValueError, match="norm 1"):
+        fact_memory(scaled)
+    repeated = FactTask(task.words, task.embeddings, torch.cat([task.facts, task.facts[:1, [0, 0]]]))
+    with pytest.raises(ValueError, match="distinct"):
+        fact_memory(repeated)
+
+
 def test_decode_checks_width():
     with pytest.raises(ValueError, match="last dimension"):
         decode(torch.randn(2, 3), torch.randn(4, 5))
+    with pytest.raises(ValueError, match="shape \\(n, d\\)"):
+        decode(torch.randn(2, 3), torch.randn(3))
 
 
 def test_teacher_data_is_deterministic():
@@ -109,6 +122,8 @@ def test_teacher_data_is_deterministic():
     torch.testing.assert_close(y1, teacher(x1))
     with pytest.raises(ValueError, match="n must"):
         teacher_data(teacher, 0, 3)
+    with pytest.raises(ValueError, match="d must"):
+        teacher_data(teacher, 5, 0)
 
 
 def test_product_data():
@@ -127,6 +142,10 @@ def test_relative_mse():
     assert relative_mse(mean, x, y) == pytest.approx(1.0)
     assert relative_mse(lambda t: y, x, y) == 0.0
     assert relative_mse(zero, x, y) >= 1.0
+    with pytest.raises(ValueError, match="shape"):
+        relative_mse(lambda t: torch.zeros(t.shape[0]), x, y)
+    with pytest.raises(ValueError, match="constant"):
+        relative_mse(zero, x, torch.ones_like(y))
 
 
 @pytest.mark.parametrize("i,k", [(0, 1), (2, 0), (1, 3)])
@@ -147,14 +166,21 @@ def test_symmetric_and_antisymmetric_parts():
     torch.manual_seed(0)
     layer = BilinearAttentionMLP(5, 3, 2, dtype=torch.float64)
     x = torch.randn(20, 5, dtype=torch.float64)
+    before = layer.interaction.detach().clone()
     sym, anti = symmetric_part(layer), antisymmetric_part(layer)
     torch.testing.assert_close(sym.interaction + anti.interaction, layer.interaction)
     torch.testing.assert_close(sym.interaction, sym.interaction.transpose(1, 2))
     torch.testing.assert_close(anti.interaction, -anti.interaction.transpose(1, 2))
     torch.testing.assert_close(sym(x), layer(x))
     torch.testing.assert_close(anti.scores(x), torch.zeros(20, 3, dtype=torch.float64))
-    # the input is left untouched and the copies do not share storage
+    # the input is left untouched and the copies do not share its storage
+    assert torch.equal(layer.interaction, before)
     assert not torch.allclose(layer.interaction, sym.interaction)
+    assert sym.interaction.data_ptr() != layer.interaction.data_ptr()
+    assert anti.interaction.data_ptr() != layer.interaction.data_ptr()
+    with torch.no_grad():
+        sym.interaction.zero_()
+    assert torch.equal(layer.interaction, before)
     with pytest.raises(TypeError, match="BilinearAttentionMLP"):
         symmetric_part(KeyValueMLP(2, 2))
 

@@ -173,10 +173,19 @@ def fact_memory(task: FactTask, threshold: Union[float, None] = None) -> KeyValu
     e_{b_j} / (1 − θ), so for the subject a_j its coefficient is 1 − θ and the output is
     exactly e_{b_j}; a word whose cosine with every subject is below θ fires no slot.
     The default θ is halfway between the largest cosine of a subject with another word
-    and 1.
+    and 1. Needs unit-norm embeddings and distinct subjects (the hypotheses of the
+    recall theorem of chapter 1); raises ValueError otherwise.
     """
     emb, subj, ans = task.embeddings, task.subjects, task.answers
+    _check_float(emb, "task.embeddings")
+    if emb.dim() != 2:
+        raise ValueError(f"task.embeddings must have shape (n, d), got {tuple(emb.shape)}")
     n, d = emb.shape
+    norms = emb.norm(dim=1)
+    if not torch.allclose(norms, torch.ones_like(norms), atol=1e-5):
+        raise ValueError("task.embeddings must have rows of norm 1 (cosines are dot products)")
+    if len(set(subj.tolist())) != len(subj):
+        raise ValueError(f"the subjects of task.facts must be distinct words, got {subj.tolist()}")
     cos = emb[subj] @ emb.T  # (f, n)
     others = torch.ones_like(cos, dtype=torch.bool)
     others[torch.arange(len(subj)), subj] = False
@@ -197,6 +206,9 @@ def fact_memory(task: FactTask, threshold: Union[float, None] = None) -> KeyValu
 def decode(out: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
     """Nearest word by dot product: (..., d) outputs -> (...) word indices."""
     _check_float(out, "out")
+    _check_float(embeddings, "embeddings")
+    if embeddings.dim() != 2:
+        raise ValueError(f"embeddings must have shape (n, d), got {tuple(embeddings.shape)}")
     if out.shape[-1] != embeddings.shape[1]:
         raise ValueError(f"out must have last dimension {embeddings.shape[1]}, got {tuple(out.shape)}")
     return (out @ embeddings.T).argmax(-1)
@@ -212,6 +224,8 @@ def teacher_data(teacher: nn.Module, n: int, d: int, seed: int = 0) -> tuple[tor
     """Inputs x ~ N(0, I_d) (n, d) and labels teacher(x), from a generator seeded with seed."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be a positive integer, got {n!r}")
+    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+        raise ValueError(f"d must be a positive integer, got {d!r}")
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d, generator=gen)
     return x, teacher(x)
@@ -230,8 +244,18 @@ def product_data(n: int, d: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch
 
 @torch.no_grad()
 def relative_mse(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
-    """Mean squared error divided by the variance of y (0 = perfect, 1 = predicting the mean)."""
-    return float(((model(x) - y) ** 2).mean() / y.var(unbiased=False))
+    """Mean squared error divided by the variance of y (0 = perfect, 1 = predicting the mean).
+
+    x: (n, d); y: (n, d_out) or (n,), the shape of ``model(x)``; y must not be constant.
+    """
+    _check_float(y, "y")
+    pred = model(x)
+    if pred.shape != y.shape:
+        raise ValueError(f"model(x) has shape {tuple(pred.shape)} but y has shape {tuple(y.shape)}")
+    var = y.var(unbiased=False)
+    if not var > 0:
+        raise ValueError("y is constant (zero variance): the relative MSE is undefined")
+    return float(((pred - y) ** 2).mean() / var)
 
 
 # --------------------------------------------------------------------------------------
