@@ -83,13 +83,15 @@ def test_balanced_equals_eig_for_a_positive_semidefinite_matrix():
         assert torch.isclose(L.balanced_error(S, r), L.eckart_young_error(S, r), atol=1e-12)
 
 
-def test_one_factor_represents_any_rank_two_indefinite_matrix():
-    S = _with_spectrum([3.0, 0.0, 0.0, -0.7, 0.0], seed=6)
+@pytest.mark.parametrize("pos,neg,seed", [(3.0, -0.7, 6), (0.2, -5.0, 12), (1.0, -1.0, 13)])
+def test_one_factor_represents_a_rank_two_indefinite_matrix(pos, neg, seed):
+    S = _with_spectrum([pos, 0.0, 0.0, neg, 0.0], seed=seed)
     assert L.inertia(S) == (1, 1, 3)
     assert L.factor_rank(S) == 1
     q, k = L.balanced_factors(S, 1)
     assert L.symmetric_error(S, q, k) < 1e-12
-    assert L.eckart_young_error(S, 1) > 0.69  # one eigenpair must drop the -0.7
+    # one eigenpair must drop the smaller |eigenvalue|
+    assert torch.isclose(L.eckart_young_error(S, 1), torch.tensor(min(pos, -neg), dtype=F64), atol=1e-12)
 
 
 @pytest.mark.parametrize("spectrum", [[2.0, 1.0, -1.0, 0.0, 0.0], [1.0, 1.0, 1.0, -2.0, 0.0], [-1.0, -2.0, -3.0, 0.0, 0.0]])
@@ -124,6 +126,16 @@ def test_rank_one_eigenvalues_match_eigvalsh():
     assert L.inertia(torch.outer(q, k)) == (1, 1, 6)
     assert L.inertia(torch.outer(q, 2.5 * q)) == (1, 0, 7)
     assert L.inertia(torch.outer(q, -q)) == (0, 1, 7)
+
+
+@pytest.mark.parametrize("c", [2.5, -0.4])
+def test_rank_one_eigenvalues_parallel_case(c):
+    q = _rand(6, seed=14)
+    lam = torch.linalg.eigvalsh(L.symmetric_part(torch.outer(q, c * q)))
+    lp, lm = L.rank_one_eigenvalues(q, c * q)
+    qk = (q @ (c * q))
+    assert torch.isclose(lp if c > 0 else lm, qk) and abs(lm if c > 0 else lp) < 1e-12
+    assert torch.isclose(lam[-1] if c > 0 else lam[0], qk)
 
 
 @settings(max_examples=25, deadline=None)
@@ -181,3 +193,9 @@ def test_bad_input_raises_clear_errors():
         L.truncated_layer(BilinearAttentionMLP(4, 2), 1, method="svd")
     with pytest.raises(ValueError, match="one"):
         L.inertia(_rand(2, 3, 3))
+    with pytest.raises(TypeError, match="floating"):
+        L.rank_one_eigenvalues(torch.ones(3, dtype=torch.int64), torch.ones(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="same shape"):
+        L.rank_one_eigenvalues(_rand(3), _rand(4))
+    with pytest.raises(ValueError, match="steps"):
+        L.fit_factors(A, 1, steps=0)

@@ -118,10 +118,13 @@ def factor_rank(A: torch.Tensor, *, tol: Optional[float] = None) -> int:
 def rank_one_eigenvalues(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """The two possibly non-zero eigenvalues of sym(qᵀk): ½(q·k + ‖q‖‖k‖) ≥ 0 ≥ ½(q·k − ‖q‖‖k‖).
 
-    q, k: (..., d) -> (..., 2), ordered [λ₊, λ₋]. The other d − 2 eigenvalues are 0.
+    q, k: (..., d) -> (..., 2), ordered [λ₊, λ₋]. The other d − 2 eigenvalues are 0. For
+    parallel q, k (k = cq) one of the two is 0 as well and the other is q·k.
     """
     if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
         raise TypeError("q and k must be torch.Tensors of shape (..., d)")
+    if not (q.is_floating_point() and k.is_floating_point()):
+        raise TypeError(f"q and k must be floating-point tensors, got {q.dtype} and {k.dtype}")
     if q.shape != k.shape or q.dim() < 1:
         raise ValueError(f"q and k must have the same shape (..., d), got {tuple(q.shape)} and {tuple(k.shape)}")
     dot = (q * k).sum(-1)
@@ -225,8 +228,9 @@ def fit_factors(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Search r factors minimising :func:`symmetric_error` numerically (L-BFGS, float64).
 
-    A numerical check of the theory, not a method: started from a random point, it finds
-    the least error any r factors reach, which :func:`balanced_error` predicts.
+    A numerical check of the theory, not a method: a local search started from a random
+    point, with no guarantee of reaching the global minimum. In the tests and the book it
+    reaches the least error any r factors can have, which :func:`balanced_error` predicts.
     (..., d, d) -> query, key, each (..., r, d).
     """
     _check_square(A)
