@@ -227,6 +227,51 @@ def test_conserved_quantities_under_small_step_gradient_descent():
     assert drift[GatedMLP] > 10 * drift[SymmetricBilinearMLP]
 
 
+def test_symmetric_homogeneous_rescaling_quantity_is_conserved():
+    # S_j -> t S_j, v_j -> t^-p v_j (Q_j, K_j -> sqrt(t) Q_j, sqrt(t) K_j) is a symmetry of the
+    # symmetric form for homogeneous σ only: (|Q_j|² + |K_j|²)/2 − p|v_j|² is conserved then.
+    from qkmlp.training import fit
+
+    torch.manual_seed(2)
+    x = torch.randn(64, 4, dtype=torch.float64)
+    key = "(|Q|^2+|K|^2)/2-p|v|^2"
+
+    def drift(act):
+        torch.manual_seed(3)
+        with torch.no_grad():
+            y = 2 * SymmetricBilinearMLP(4, 3, 2, rank=1, activation=act, dtype=torch.float64)(x)
+        layer = SymmetricBilinearMLP(4, 3, 2, rank=1, activation=act, dtype=torch.float64)
+        p = layer.activation.homogeneity_degree or 2   # the same formula for silu, as a control
+        def c(layer):
+            Q, K, V = layer.query.double(), layer.key.double(), layer.value.double()
+            return 0.5 * (Q.pow(2).sum((-1, -2)) + K.pow(2).sum((-1, -2))) - p * V.pow(2).sum(-1)
+        c0 = c(layer).detach()
+        if act != "silu":
+            assert torch.allclose(conserved_quantities(layer)[key], c0)
+        losses = fit(layer, x, y, steps=500, lr=0.02, optimizer="sgd")   # time lr·steps = 10
+        assert losses[-1] < 0.9 * losses[0], (act, losses[0], losses[-1])
+        return float((c(layer).detach() - c0).abs().max() / c0.abs().max())
+
+    assert key not in conserved_quantities(SymmetricBilinearMLP(4, 3, 2, activation="silu"))
+    assert key not in conserved_quantities(SymmetricBilinearMLP(4, 3, 2, activation="identity"))
+    relu, relu2, silu = drift("relu"), drift("relu2"), drift("silu")
+    assert relu < 2e-3 and relu2 < 2e-3          # the O(lr) drift of gradient descent
+    assert silu > 10 * max(relu, relu2)
+
+
+def test_definite_slots_break_the_homogeneous_count_when_rank_ge_d():
+    # the homogeneous count assumes every S_j indefinite; for r >= d a positive definite S_j
+    # makes a ReLU slot linear, and two such slots mix like the linear case (GL(2), not 2 scalings)
+    torch.manual_seed(0)
+    layer = SymmetricBilinearMLP(3, 2, 3, rank=3, activation="relu", dtype=torch.float64)
+    with torch.no_grad():
+        layer.query.copy_(torch.eye(3, dtype=torch.float64) + 0.1 * torch.randn(2, 3, 3, dtype=torch.float64))
+        layer.key.copy_(layer.query)
+        S = layer.query.transpose(-1, -2) @ layer.key
+    assert torch.linalg.eigvalsh(S + S.transpose(-1, -2)).min() > 0
+    assert symmetry_dimension(layer) == predicted_symmetry_dimension(layer) + 2 * 2 - 2
+
+
 def test_weight_decay_shrinks_conserved_quantity_geometrically():
     from qkmlp.training import fit
 

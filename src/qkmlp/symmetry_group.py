@@ -227,7 +227,9 @@ def symmetry_breakdown(layer: nn.Module) -> dict[str, int]:
       σ, or for linear σ the fiber of (S, V) ↦ Σ_j S_j ⊗ v_j (m² when m ≤ min(D, d_out)).
       ReLU-type σ needs every S_j indefinite (else the unit is dead or linear).
     - SymmetricBilinearMLP: m·(2rd − dim of symmetric rank-min(2r, d) matrices), which is
-      m·r(2r−1) (the group O(r, r)) when 2r ≤ d; plus m for non-linear homogeneous σ; for
+      m·r(2r−1) (the group O(r, r)) when 2r ≤ d; plus m for non-linear homogeneous σ
+      (needs every S_j indefinite, automatic for r < d; for r ≥ d a definite S_j makes a
+      ReLU slot dead or linear and the count larger); for
       linear σ plus the mixing of the S_j: when 2r ≥ d the full Σ_j S_j ⊗ v_j fiber; when
       2r < d and m ≤ min(d_out, D), m + m·max(0, m − 1 − k(k+1)/2) with k = d − 2r (the
       combinations of the other S_i that vanish on ker S_j); else no closed form here
@@ -357,7 +359,10 @@ def conserved_quantities(layer: nn.Module) -> dict[str, torch.Tensor]:
 
     - SymmetricBilinearMLP (every σ): ``"QQt-KKt"`` (m, r, r) = Q_jQ_jᵀ − K_jK_jᵀ and
       ``"skew(KQt)"`` (m, r, r) = antisymmetric part of K_jQ_jᵀ (the symmetric generators
-      of O(r, r)); the diagonal of the first is ‖q_{j,s}‖² − ‖k_{j,s}‖².
+      of O(r, r)); the diagonal of the first is ‖q_{j,s}‖² − ‖k_{j,s}‖². Homogeneous
+      non-linear σ of degree p also ``"(|Q|^2+|K|^2)/2-p|v|^2"`` (m,) =
+      (‖Q_j‖²_F + ‖K_j‖²_F)/2 − p‖v_j‖², from S_j → tS_j (Q_j, K_j → √t Q_j, √t K_j),
+      v_j → t⁻ᵖ v_j.
     - GatedMLP (every σ): ``"|K|^2-|v|^2"`` (m,) = ‖K_j‖²_F − ‖v_j‖²; homogeneous
       σ of degree p also ``"|q|^2-p|k|^2"`` (m, r); linear σ also the symmetric form's two.
     - KeyValueMLP with homogeneous σ: ``"|k|^2-p|v|^2"`` (m,).
@@ -373,6 +378,10 @@ def conserved_quantities(layer: nn.Module) -> dict[str, torch.Tensor]:
         out["QQt-KKt"] = Q @ Q.transpose(-1, -2) - K @ K.transpose(-1, -2)
         KQ = K @ Q.transpose(-1, -2)
         out["skew(KQt)"] = 0.5 * (KQ - KQ.transpose(-1, -2))
+        if isinstance(layer, SymmetricBilinearMLP) and p is not None and not act.is_linear:
+            out["(|Q|^2+|K|^2)/2-p|v|^2"] = (
+                0.5 * (Q.pow(2).sum((-1, -2)) + K.pow(2).sum((-1, -2))) - p * layer.value.double().pow(2).sum(-1)
+            )
     if isinstance(layer, GatedMLP):
         K, V = layer.key.double(), layer.value.double()
         out["|K|^2-|v|^2"] = K.pow(2).sum((-1, -2)) - V.pow(2).sum(-1)
