@@ -269,8 +269,8 @@ def static_explorer_html(*, activation: Optional[str] = None, form: str = "gated
         '<p class="qkmlp-note">Static explorer: every number and point was precomputed in Python '
         f"(float64 layer d={make_batch().shape[1]}, one fixed random seed) and is replayed by a few "
         "lines of inline JavaScript, so it works with no kernel and no network. α runs over a "
-        "log-spaced grid of negative and positive values. The live explorer (any rank, "
-        "redrawn by Python) needs a running kernel: open this chapter in JupyterLab.</p>"
+        "log-spaced grid of negative and positive values. The live explorer (with a rank "
+        "control, redrawn by Python) needs a running kernel: open this chapter in JupyterLab.</p>"
         f'<script type="application/json" class="qkmlp-data">{payload}</script>'
         f"<script>{_JS.replace('__UID__', uid)}</script>"
         "</div>"

@@ -135,6 +135,8 @@ def predicted_scale_change(layer, alpha: float) -> Optional[float]:
 def measure(layer, x: torch.Tensor, alpha: float) -> dict:
     """Measured relative changes at α and the theorems' predictions.
 
+    layer: a ``GatedMLP`` or ``SymmetricBilinearMLP``; x: a batch of shape (n, d_model);
+    alpha: a finite non-zero float.
     Returns ``scale_change``, ``swap_change`` (floats, see the module docstring),
     ``scale_predicted_invariant``, ``swap_predicted_invariant`` (bools from
     :func:`qkmlp.symmetry.rescaling_is_symmetry` and :func:`~qkmlp.symmetry.swap_is_symmetry`)
