@@ -83,7 +83,8 @@ def saved_bytes(fn: Callable[[], torch.Tensor], params) -> int:
     """Bytes of distinct non-parameter storages that autograd saves while ``fn()`` runs.
 
     Parameters (and views of them) are excluded: every candidate keeps its weights anyway.
-    The input x is counted when saved.
+    The input x is counted when saved. ``fn``: a zero-argument callable running one forward
+    pass (its output is discarded); ``params``: the module's parameters. Returns an int.
     """
     param_storages = {p.untyped_storage().data_ptr() for p in params}
     seen: dict[int, int] = {}
@@ -111,6 +112,8 @@ def time_interleaved(cands: dict[str, Callable[[], object]], device, *, reps: in
 
     Each round runs every candidate once, in an order shuffled per round (fixed seed), so
     that neither load bursts nor a fixed position in the round favour one candidate.
+    ``cands`` maps a name to a zero-argument callable; the first ``warmup`` rounds are not
+    timed. Returns {name: {"median_s", "min_s", "times_s"}}.
     """
     import random
 
@@ -208,7 +211,11 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
 
 def bench_rank(d: int = 512, m: int = 344, n: int = 256, ranks=(1, 2, 4, 8, 16), *, dtype=torch.float32,
                device="cpu", reps: int = 11, seed: int = 0, dense: bool = True) -> dict:
-    """Rank-r gated and symmetric layers against the dense layer (A_j materialised)."""
+    """Rank-r gated and symmetric layers against the dense layer (A_j materialised).
+
+    Forward times on x of shape (n, d), bytes saved for backward and parameter counts.
+    ``dense=False`` skips the dense layer (its m·d² weights may not fit).
+    """
     device = torch.device(device)
     fk = {"device": device, "dtype": dtype}
     torch.manual_seed(seed)
@@ -237,7 +244,10 @@ def bench_rank(d: int = 512, m: int = 344, n: int = 256, ranks=(1, 2, 4, 8, 16),
 
 def bench_size(ds=(64, 128, 256, 512), m: int = 344, n: int = 256, *, dtype=torch.float32, device="cpu",
                reps: int = 9, seed: int = 0) -> dict:
-    """Forward time against d: dense (m·d² per token), rank 1 and rank 8 (m·r·d)."""
+    """Forward time against d: dense (m·d² per token), rank 1 and rank 8 (m·r·d).
+
+    One input x of shape (n, d) per d in ``ds``; medians of ``reps`` interleaved rounds.
+    """
     device = torch.device(device)
     fk = {"device": device, "dtype": dtype}
     torch.manual_seed(seed)
