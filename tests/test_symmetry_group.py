@@ -272,6 +272,19 @@ def test_definite_slots_break_the_homogeneous_count_when_rank_ge_d():
     assert symmetry_dimension(layer) == predicted_symmetry_dimension(layer) + 2 * 2 - 2
 
 
+def test_dimension_formulas_reject_bad_sizes():
+    from qkmlp.symmetry_group import low_rank_dimension, symmetric_low_rank_dimension
+
+    assert factor_fiber_dimension(2, 7) == 2 * 3 and factor_fiber_dimension(3, 4) == 24 - 10
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="positive integer"):
+            factor_fiber_dimension(bad, 4)
+        with pytest.raises(ValueError, match="positive integer"):
+            symmetric_low_rank_dimension(4, bad)
+        with pytest.raises(ValueError, match="positive integer"):
+            low_rank_dimension(3, bad, 2)
+
+
 def test_weight_decay_shrinks_conserved_quantity_geometrically():
     from qkmlp.training import fit
 

@@ -181,14 +181,22 @@ def symmetry_dimension(layer: nn.Module, **kwargs) -> int:
 
 # --- theory --------------------------------------------------------------------------------
 
+def _require_positive_ints(**kwargs) -> None:
+    for name, v in kwargs.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+
+
 def low_rank_dimension(rows: int, cols: int, rank: int) -> int:
     """Dimension of the (rows × cols) matrices of rank exactly min(rank, rows, cols)."""
+    _require_positive_ints(rows=rows, cols=cols, rank=rank)
     rho = min(rank, rows, cols)
     return rho * (rows + cols - rho)
 
 
 def symmetric_low_rank_dimension(d: int, rank: int) -> int:
     """Dimension of the symmetric d × d matrices of rank exactly min(rank, d)."""
+    _require_positive_ints(d=d, rank=rank)
     rho = min(rank, d)
     return rho * d - rho * (rho - 1) // 2
 
@@ -198,6 +206,7 @@ def factor_fiber_dimension(rank: int, d: int) -> int:
 
     2r ≤ d: the orbit of O(r, r), of dimension r(2r − 1). 2r > d: 2rd − d(d+1)/2.
     """
+    _require_positive_ints(rank=rank, d=d)
     return 2 * rank * d - symmetric_low_rank_dimension(d, 2 * rank)
 
 
