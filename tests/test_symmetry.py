@@ -106,6 +106,12 @@ def test_degree_p_homogeneous_sigma_scales_gated_output_by_alpha_to_p_minus_one(
     torch.testing.assert_close(y_scaled, alpha ** (2 - 1) * y, rtol=1e-10, atol=1e-12)
 
 
+def away_from_one(n: int) -> torch.Tensor:
+    """n positive values in [0.3, 0.8] or [1.25, 3.3]: scalings that move a generic output."""
+    v = torch.rand(n, dtype=F64) * 0.5 + 0.3
+    return torch.where(torch.rand(n) < 0.5, v, 1 / v)
+
+
 @SETTINGS
 @given(factored_layers(), st.data())
 def test_gauge_symmetry(case, data):
@@ -115,11 +121,15 @@ def test_gauge_symmetry(case, data):
     if kind == "generic":
         G = torch.randn(r, r, dtype=F64) + 2 * torch.eye(r, dtype=F64)
     elif kind == "positive_diagonal":
-        G = torch.diag(torch.rand(r, dtype=F64) * 3 + 0.2)
+        G = torch.diag(away_from_one(r))
     elif kind == "permutation":
         G = torch.eye(r, dtype=F64)[torch.randperm(r)]
     else:
         G = torch.randn(m, r, r, dtype=F64) + 2 * torch.eye(r, dtype=F64)
+    if r == 1 and kind in ("generic", "per_slot"):
+        # a 1x1 gauge is a scalar rescaling: keep it away from ±1, where any change is small
+        signs = torch.where(torch.rand(G.shape, dtype=F64) < 0.5, -1.0, 1.0).to(F64)
+        G = signs * away_from_one(G.numel()).reshape(G.shape)
     change = relative_change(layer, gauge_transformed(layer, G), x)
     if gauge_is_symmetry(layer, G):
         assert change < INVARIANT
