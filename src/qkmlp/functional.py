@@ -226,6 +226,19 @@ def _plain_backward(ctx, reference, grad_y):
     return (*(next(grads) if need else None for need in ctx.needs_input_grad[:3]), None, None, None)
 
 
+_NO_GRADS = (None,) * 6   # backward's answer when y did not reach the loss
+
+
+def _unpack_saved(ctx):
+    """The saved x, W_qk, V and the pre-activations a, b (N, m, r) in the compute dtype,
+    with m, r, the input dtype and the compute dtype: what every backward/jvp starts from."""
+    x, w_qk, value, ab = ctx.saved_tensors
+    m, r, dt = ctx.m, ctx.r, x.dtype
+    cdt = compute_dtype(dt)
+    a, b = _split(ab, m, r, cdt)
+    return x, w_qk, value, a, b, m, r, dt, cdt
+
+
 class _FusedBase(torch.autograd.Function):
     """Shared plumbing: forward returns (y, ab); ab is saved, not differentiable.
 
@@ -262,15 +275,12 @@ class GatedFn(_FusedBase):
 
     @staticmethod
     def backward(ctx, grad_y, _grad_ab):
-        x, w_qk, value, ab = ctx.saved_tensors
         if grad_y is None:                     # y did not reach the loss
-            return None, None, None, None, None, None
+            return _NO_GRADS
         if _records_backward():                # create_graph=True: a differentiable backward
             return _plain_backward(ctx, gated_reference, grad_y)
-        m, r, dt = ctx.m, ctx.r, x.dtype
-        cdt = compute_dtype(dt)
-        n = ab.shape[0]
-        a, b = _split(ab, m, r, cdt)
+        x, w_qk, value, a, b, m, r, dt, cdt = _unpack_saved(ctx)
+        n = x.shape[0]
         s = ACTIVATIONS[ctx.name](a)                            # σ(a), recomputed
         grad_h = (grad_y @ value.T).to(cdt).unsqueeze(-1)      # (N, m, 1)
         if not _can_write_into(grad_h, a, b):
@@ -301,15 +311,12 @@ class SymmetricFn(_FusedBase):
 
     @staticmethod
     def backward(ctx, grad_y, _grad_ab):
-        x, w_qk, value, ab = ctx.saved_tensors
         if grad_y is None:                     # y did not reach the loss
-            return None, None, None, None, None, None
+            return _NO_GRADS
         if _records_backward():                # create_graph=True: a differentiable backward
             return _plain_backward(ctx, symmetric_reference, grad_y)
-        m, r, dt = ctx.m, ctx.r, x.dtype
-        cdt = compute_dtype(dt)
-        a, b = _split(ab, m, r, cdt)
-        n = ab.shape[0]
+        x, w_qk, value, a, b, m, r, dt, cdt = _unpack_saved(ctx)
+        n = x.shape[0]
         p = _sum_rank(a * b)                                   # score, recomputed (N, m)
         s = ACTIVATIONS[ctx.name](p)                           # h = σ(p), recomputed
         grad_h = (grad_y @ value.T).to(cdt)
@@ -335,12 +342,8 @@ class GatedJvpFn(GatedFn):
 
     @staticmethod
     def jvp(ctx, dx, dw, dv, *_):
-        x, w_qk, value, ab = ctx.saved_tensors
-        m, r, dt = ctx.m, ctx.r, x.dtype
-        cdt = compute_dtype(dt)
-        dab = _tangent_ab(x, w_qk, dx, dw)
-        a, b = _split(ab, m, r, cdt)
-        da, db = _split(dab, m, r, cdt)
+        x, w_qk, value, a, b, m, r, dt, cdt = _unpack_saved(ctx)
+        da, db = _split(_tangent_ab(x, w_qk, dx, dw), m, r, cdt)
         s = ACTIVATIONS[ctx.name](a)
         dh = _sum_rank(activation_backward(ctx.name, da, a, s) * b + s * db).to(dt)
         dy = dh @ value
@@ -354,12 +357,8 @@ class SymmetricJvpFn(SymmetricFn):
 
     @staticmethod
     def jvp(ctx, dx, dw, dv, *_):
-        x, w_qk, value, ab = ctx.saved_tensors
-        m, r, dt = ctx.m, ctx.r, x.dtype
-        cdt = compute_dtype(dt)
-        dab = _tangent_ab(x, w_qk, dx, dw)
-        a, b = _split(ab, m, r, cdt)
-        da, db = _split(dab, m, r, cdt)
+        x, w_qk, value, a, b, m, r, dt, cdt = _unpack_saved(ctx)
+        da, db = _split(_tangent_ab(x, w_qk, dx, dw), m, r, cdt)
         p = _sum_rank(a * b)
         s = ACTIVATIONS[ctx.name](p)
         dy = activation_backward(ctx.name, _sum_rank(da * b + a * db), p, s).to(dt) @ value
