@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from qkmlp import (
@@ -89,6 +89,11 @@ def test_gated_form_rescaling_invariant_exactly_when_the_theorem_says(case, alph
 @given(factored_layers(GatedMLP))
 def test_gated_form_swap_invariant_iff_sigma_linear(case):
     layer, x = case
+    # Generic weights: if some k_{j,s} = c·q_{j,s} with c > 0, ReLU-type gating keeps the swap
+    # for that component (σ(a)·ca = σ(ca)·a), so nearly parallel draws would change the output
+    # by an arbitrarily small amount. Keep every pair at least ~25° from parallel.
+    cos = torch.nn.functional.cosine_similarity(layer.query, layer.key, dim=-1)
+    assume(bool((cos.abs() < 0.9).all()))
     change = relative_change(layer, swapped(layer), x)
     assert swap_is_symmetry(layer) == layer.activation.is_linear
     if layer.activation.is_linear:
