@@ -4,6 +4,7 @@ Speeds are never asserted here; see ``python -m qkmlp.bench``.
 """
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -291,6 +292,13 @@ def test_bench_runs_tiny_and_writes_json(tmp_path, capsys):
     assert stored["command"].startswith("python -m qkmlp.bench")
     hl = stored["suites"]["headline"][0]
     assert set(hl["ratios"]) == {"gated_mlp", "symmetric_mlp"}
+    assert set(hl["paired_ratios"]) == {"gated_mlp", "symmetric_mlp", "llama_mlp_copy"}
+    for k in ("gated_mlp", "symmetric_mlp"):
+        assert set(hl["verdicts"][k]) == set(bench.TARGETS)
+        assert hl["verdicts"][k]["saved_bytes_vs_llama"] == "met"
+        p = hl["paired_ratios"][k]["fwd_bwd_vs_llama"]
+        assert p["lo"] <= p["median"] <= p["hi"] and p["n"] == hl["config"]["reps_fwd_bwd"]
+    assert "A/A control" in out
     assert hl["saved_bytes"]["gated_mlp"] < hl["saved_bytes"]["llama_mlp"]
     assert res["suites"]["rank"]["parameters"]["dense"] > 0
 
@@ -347,3 +355,46 @@ def test_double_backward(f):
     w = torch.randn(2 * m * r, d, dtype=torch.float64, requires_grad=True)
     v = torch.randn(m, o, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(lambda x, w, v: f(x, w, v, "silu", m, r), (x, w, v))
+
+
+def test_median_interval_covers_the_median_as_often_as_it_says():
+    """Simulated coverage of the order-statistic interval, on a skewed distribution."""
+    from qkmlp.bench import median_interval
+
+    gen = torch.Generator().manual_seed(0)
+    trials, n, true_median = 4000, 21, math.log(2.0)        # Exp(1) has median ln 2
+    draws = torch.empty(trials, n).exponential_(1.0, generator=gen)
+    hits, coverage = 0, None
+    for row in draws.tolist():
+        iv = median_interval(row)
+        hits += iv["lo"] <= true_median <= iv["hi"]
+        coverage = iv["coverage"]
+        assert iv["lo"] <= iv["median"] <= iv["hi"] and iv["n"] == n
+    assert coverage >= 0.95
+    sd = math.sqrt(coverage * (1 - coverage) / trials)
+    assert abs(hits / trials - coverage) < 4 * sd, (hits / trials, coverage)
+
+
+def test_median_interval_small_samples_and_bad_input():
+    from qkmlp.bench import median_interval
+
+    iv = median_interval([3.0, 1.0, 2.0])           # too few values for 95 %: the range
+    assert (iv["lo"], iv["median"], iv["hi"]) == (1.0, 2.0, 3.0) and iv["coverage"] == 0.75
+    with pytest.raises(ValueError, match="at least one"):
+        median_interval([])
+
+
+def test_paired_ratio_pairs_by_round_and_verdicts():
+    from qkmlp.bench import paired_ratio, verdict
+
+    # round-by-round load swings cancel in the paired ratio but not between medians
+    num, den = [2.0, 20.0, 4.0, 40.0, 6.0, 60.0], [1.0, 10.0, 2.0, 20.0, 3.0, 30.0]
+    iv = paired_ratio(num, den)
+    assert iv["lo"] == iv["median"] == iv["hi"] == 2.0
+    with pytest.raises(ValueError, match="equally long"):
+        paired_ratio([1.0], [1.0, 2.0])
+    assert verdict(0.97, 0.99, 1.0) == "met"
+    assert verdict(0.99, 1.01, 1.0) == "parity"
+    assert verdict(1.01, 1.02, 1.0) == "not met"
+    with pytest.raises(ValueError, match="lo <= hi"):
+        verdict(1.0, 0.9, 1.0)

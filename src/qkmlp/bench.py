@@ -12,6 +12,11 @@ processes hits every candidate alike:
   ``down(silu(gate(x)) * up(x))``, Liger-Kernel's SwiGLU when importable, and the rank-1
   ``GatedMLP`` and ``SymmetricBilinearMLP``: forward, forward + backward, and the bytes
   saved for backward (measured with ``torch.autograd.graph.saved_tensors_hooks``).
+  A second, independently initialised Llama-style MLP (``llama_mlp_copy``) runs as an
+  A/A control: its ratio to the first shows how far two identical workloads drift apart
+  in the same run. Ratios are also taken *paired*, round by round, with a distribution-
+  free 95 % interval for their median (:func:`median_interval`), and each target gets a
+  :func:`verdict`: met, parity (the interval contains the goal) or not met.
 - ``rank``: rank-r layers against the dense ``BilinearAttentionMLP`` they equal.
 - ``size``: forward time against d for the dense form and the rank-1 / rank-8 forms
   (the dense form's d² wall).
@@ -42,6 +47,10 @@ __all__ = [
     "LlamaMLP",
     "saved_bytes",
     "time_interleaved",
+    "median_interval",
+    "paired_ratio",
+    "verdict",
+    "TARGETS",
     "bench_headline",
     "bench_rank",
     "bench_size",
@@ -134,6 +143,53 @@ def time_interleaved(cands: dict[str, Callable[[], object]], device, *, reps: in
     return {k: {"median_s": statistics.median(v), "min_s": min(v), "times_s": v} for k, v in times.items()}
 
 
+def median_interval(values, level: float = 0.95) -> dict:
+    """Median of ``values`` with a distribution-free confidence interval for it.
+
+    The interval is [x_(k), x_(n+1-k)] of the sorted values, k the largest rank whose
+    binomial tail P(Bin(n, ½) < k) is at most (1 - level)/2; it holds the population
+    median with probability ``coverage`` ≥ level whatever the distribution (independent
+    draws assumed). With fewer than 6 values no 95 % interval exists: then k = 1 (the
+    range) and ``coverage`` says what it is worth. Returns {median, lo, hi, n, coverage}.
+    """
+    from math import comb
+
+    xs = sorted(float(v) for v in values)
+    n = len(xs)
+    if n == 0:
+        raise ValueError("median_interval needs at least one value")
+    alpha = (1.0 - level) / 2
+    tail = lambda k: sum(comb(n, i) for i in range(k)) / 2**n   # P(Bin(n, 1/2) < k)
+    k = 1
+    while k + 1 <= (n + 1) // 2 and tail(k + 1) <= alpha:
+        k += 1
+    return {"median": statistics.median(xs), "lo": xs[k - 1], "hi": xs[n - k], "n": n,
+            "coverage": 1.0 - 2 * tail(k)}
+
+
+def paired_ratio(num: list, den: list, level: float = 0.95) -> dict:
+    """:func:`median_interval` of the round-by-round ratios num[i] / den[i].
+
+    ``num`` and ``den`` are the ``times_s`` lists of two candidates from one
+    :func:`time_interleaved` call, so entry i of each was measured in the same round.
+    """
+    if len(num) != len(den) or not num:
+        raise ValueError(f"expected two equally long, non-empty lists of times, got {len(num)} and {len(den)}")
+    return median_interval([a / b for a, b in zip(num, den)], level)
+
+
+#: The headline targets: (ratio key, goal), a ratio at most the goal meets it.
+TARGETS = {"fwd_vs_floor": 1.10, "fwd_vs_llama": 1.0, "fwd_bwd_vs_llama": 1.0, "saved_bytes_vs_llama": 0.75}
+
+
+def verdict(lo: float, hi: float, goal: float) -> str:
+    """'met' if the whole interval [lo, hi] is at most ``goal``, 'not met' if all of it
+    is above, else 'parity' (the measurement cannot tell the ratio from the goal)."""
+    if lo > hi:
+        raise ValueError(f"expected lo <= hi, got {lo} > {hi}")
+    return "met" if hi <= goal else ("not met" if lo > goal else "parity")
+
+
 def _fwd_bwd(module_fn, x, params, gy):
     def f():
         y = module_fn(x)
@@ -152,6 +208,7 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
     gated = GatedMLP(d, m, **fk)
     sym = SymmetricBilinearMLP(d, m, **fk)
     llama = LlamaMLP(d, m, **fk)
+    llama_copy = LlamaMLP(d, m, **fk)      # the A/A control: same work, other weights
     x = torch.randn(n, d, generator=g).to(**fk)
     gy = torch.randn(n, d, generator=g).to(**fk)
     h = torch.randn(n, m, generator=g).to(**fk)
@@ -163,6 +220,7 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
         h @ v
 
     mods = {"llama_mlp": (llama, list(llama.parameters())),
+            "llama_mlp_copy": (llama_copy, list(llama_copy.parameters())),
             "gated_mlp": (gated, list(gated.parameters())),
             "symmetric_mlp": (sym, list(sym.parameters()))}
     fwd = {"floor_gemms": floor}
@@ -176,10 +234,11 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
         t_fwd = time_interleaved(fwd, device, reps=reps)
     xg = x.detach().requires_grad_(True)
     fb = {k: _fwd_bwd(mod, xg, ps, gy) for k, (mod, ps) in mods.items()}
-    t_fb = time_interleaved(fb, device, reps=max(3, reps // 2))
+    t_fb = time_interleaved(fb, device, reps=reps)
     mins_f = {k: t["min_s"] for k, t in t_fwd.items()}
     mins_b = {k: t["min_s"] for k, t in t_fb.items()}
-    mem = {k: saved_bytes(lambda mod=mod: mod(xg), ps) for k, (mod, ps) in mods.items()}
+    mem = {k: saved_bytes(lambda mod=mod: mod(xg), ps) for k, (mod, ps) in mods.items()
+           if k != "llama_mlp_copy"}
 
     med_f = {k: t["median_s"] for k, t in t_fwd.items()}
     med_b = {k: t["median_s"] for k, t in t_fb.items()}
@@ -197,14 +256,27 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
             "fwd_bwd_vs_llama": mins_b[k] / mins_b["llama_mlp"],
         }
         ratios_of_minima[k] = min_ratios
+    paired = {}
+    for k in ("gated_mlp", "symmetric_mlp", "llama_mlp_copy"):
+        paired[k] = {
+            "fwd_vs_floor": paired_ratio(t_fwd[k]["times_s"], t_fwd["floor_gemms"]["times_s"]),
+            "fwd_vs_llama": paired_ratio(t_fwd[k]["times_s"], t_fwd["llama_mlp"]["times_s"]),
+            "fwd_bwd_vs_llama": paired_ratio(t_fb[k]["times_s"], t_fb["llama_mlp"]["times_s"]),
+        }
+    verdicts = {}
+    for k in ("gated_mlp", "symmetric_mlp"):
+        verdicts[k] = {key: verdict(p["lo"], p["hi"], TARGETS[key]) for key, p in paired[k].items()}
+        verdicts[k]["saved_bytes_vs_llama"] = verdict(ratios[k]["saved_bytes_vs_llama"],
+                                                      ratios[k]["saved_bytes_vs_llama"],
+                                                      TARGETS["saved_bytes_vs_llama"])
         if "liger_swiglu" in med_f:
             ratios[k]["fwd_vs_liger"] = med_f[k] / med_f["liger_swiglu"]
             ratios[k]["fwd_bwd_vs_liger"] = med_b[k] / med_b["liger_swiglu"]
     return {
         "config": {"d": d, "m": m, "n": n, "dtype": str(dtype).replace("torch.", ""), "device": str(device),
-                   "reps_fwd": reps, "reps_fwd_bwd": max(3, reps // 2)},
+                   "reps_fwd": reps, "reps_fwd_bwd": reps},
         "forward": t_fwd, "forward_backward": t_fb, "saved_bytes": mem, "ratios": ratios,
-        "ratios_of_minima": ratios_of_minima,
+        "ratios_of_minima": ratios_of_minima, "paired_ratios": paired, "verdicts": verdicts,
         "loadavg_start": load_start, "loadavg_end": _loadavg(),
     }
 
@@ -373,6 +445,14 @@ def format_report(res: dict) -> str:
             lines.append(f"{k}: " + ", ".join(f"{n} {v:.3f}" for n, v in r.items()))
         for k, r in hl.get("ratios_of_minima", {}).items():
             lines.append(f"{k} (ratios of minima): " + ", ".join(f"{n} {v:.3f}" for n, v in r.items()))
+        if "paired_ratios" in hl:
+            lines.append("paired ratios, median of per-round ratios [95% interval of the median]"
+                         " -> verdict; llama_mlp_copy is the A/A control:")
+            for k, r in hl["paired_ratios"].items():
+                vs = hl.get("verdicts", {}).get(k, {})
+                lines.append(f"  {k}: " + ", ".join(
+                    f"{n} {p['median']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}]" + (f" {vs[n]}" if n in vs else "")
+                    for n, p in r.items()))
     if "rank" in res["suites"]:
         rk = res["suites"]["rank"]
         c = rk["config"]

@@ -282,6 +282,15 @@ class GatedFn(_FusedBase):
         x, w_qk, value, a, b, m, r, dt, cdt = _unpack_saved(ctx)
         n = x.shape[0]
         s = ACTIVATIONS[ctx.name](a)                            # σ(a), recomputed
+        if r == 1 and dt == cdt and _can_write_into(grad_y, a, b):
+            # Rank 1, no upcast: dh = dy·Vᵀ goes straight into the b half of d[a; b]
+            # and everything else happens in place, one fresh (N, 2m) buffer in all.
+            gab, grad_a, grad_b = _grad_buffer(n, m, r, s)
+            torch.mm(grad_y, value.T, out=gab[:, m:])                   # dh
+            _BACKWARD_INTO[ctx.name](torch.mul(grad_b, b, out=grad_a), a, s, grad_a)
+            grad_b.mul_(s)                                           # dh·σ(a)
+            h = (s * b if ctx.name == "identity" else s.mul_(b)).squeeze(-1)
+            return (*_weight_grads(ctx, gab, x, w_qk, h, grad_y, value), None, None, None)
         grad_h = (grad_y @ value.T).to(cdt).unsqueeze(-1)      # (N, m, 1)
         if not _can_write_into(grad_h, a, b):
             grad_b = grad_h * s                                     # d/db of σ(a)·b
@@ -319,6 +328,16 @@ class SymmetricFn(_FusedBase):
         n = x.shape[0]
         p = _sum_rank(a * b)                                   # score, recomputed (N, m)
         s = ACTIVATIONS[ctx.name](p)                           # h = σ(p), recomputed
+        if r == 1 and dt == cdt and _can_write_into(grad_y, a, b):
+            # Rank 1, no upcast: dh = dy·Vᵀ goes straight into the a half of d[a; b],
+            # becomes dp = dh·σ'(p) in place, then dp·b there and dp·a in the b half.
+            gab, grad_a, grad_b = _grad_buffer(n, m, r, s)
+            grad_p = gab[:, :m]
+            torch.mm(grad_y, value.T, out=grad_p)
+            _BACKWARD_INTO[ctx.name](grad_p, p, s, grad_p)
+            torch.mul(grad_a, a, out=grad_b)
+            grad_a.mul_(b)
+            return (*_weight_grads(ctx, gab, x, w_qk, s, grad_y, value), None, None, None)
         grad_h = (grad_y @ value.T).to(cdt)
         grad_p = activation_backward(ctx.name, grad_h, p, s).unsqueeze(-1)
         if not _can_write_into(grad_p, a, b):
