@@ -292,7 +292,7 @@ def test_bench_runs_tiny_and_writes_json(tmp_path, capsys):
     assert stored["command"].startswith("python -m qkmlp.bench")
     hl = stored["suites"]["headline"][0]
     assert set(hl["ratios"]) == {"gated_mlp", "symmetric_mlp"}
-    assert set(hl["paired_ratios"]) == {"gated_mlp", "symmetric_mlp", "llama_mlp_copy"}
+    assert set(hl["paired_ratios"]) == {"gated_mlp", "symmetric_mlp", "llama_mlp_copy", "llama_mlp"}
     for k in ("gated_mlp", "symmetric_mlp"):
         assert set(hl["verdicts"][k]) == set(bench.TARGETS)
         assert hl["verdicts"][k]["saved_bytes_vs_llama"] == "met"
