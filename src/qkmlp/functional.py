@@ -329,14 +329,14 @@ class SymmetricFn(_FusedBase):
         p = _sum_rank(a * b)                                   # score, recomputed (N, m)
         s = ACTIVATIONS[ctx.name](p)                           # h = σ(p), recomputed
         if r == 1 and dt == cdt and _can_write_into(grad_y, a, b):
-            # Rank 1, no upcast: dh = dy·Vᵀ goes straight into the a half of d[a; b],
-            # becomes dp = dh·σ'(p) in place, then dp·b there and dp·a in the b half.
-            gab, grad_a, grad_b = _grad_buffer(n, m, r, s)
-            grad_p = gab[:, :m]
-            torch.mm(grad_y, value.T, out=grad_p)
+            # Rank 1, no upcast: dp = dh·σ'(p) in place in dh = dy·Vᵀ (kept contiguous:
+            # σ' then rounds exactly as out of place), then dp·b, dp·a into d[a; b].
+            grad_p = grad_y @ value.T
             _BACKWARD_INTO[ctx.name](grad_p, p, s, grad_p)
-            torch.mul(grad_a, a, out=grad_b)
-            grad_a.mul_(b)
+            gab, grad_a, grad_b = _grad_buffer(n, m, r, s)
+            grad_p = grad_p.unsqueeze(-1)
+            torch.mul(grad_p, b, out=grad_a)
+            torch.mul(grad_p, a, out=grad_b)
             return (*_weight_grads(ctx, gab, x, w_qk, s, grad_y, value), None, None, None)
         grad_h = (grad_y @ value.T).to(cdt)
         grad_p = activation_backward(ctx.name, grad_h, p, s).unsqueeze(-1)
