@@ -216,8 +216,13 @@ def _fwd_bwd(module_fn, x, params, gy):
 
 
 def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.float32, device="cpu",
-                   reps: int = 21, seed: int = 0) -> dict:
-    """Floor, Llama-style MLP, (Liger), GatedMLP and SymmetricBilinearMLP at rank 1."""
+                   reps: int = 21, seed: int = 0, compile_backend: Optional[str] = None) -> dict:
+    """Floor, Llama-style MLP, (Liger), GatedMLP and SymmetricBilinearMLP at rank 1.
+
+    With ``compile_backend`` (e.g. "inductor") every module candidate runs as
+    ``torch.compile(module, fullgraph=True, backend=compile_backend)``, compiled before the
+    timing starts; the bare-GEMM floor stays eager.
+    """
     device = torch.device(device)
     load_start = _loadavg()
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -254,6 +259,9 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
     liger = _liger_swiglu(llama) if device.type == "cuda" else None
     if liger is not None:
         mods["liger_swiglu"] = (liger, list(llama.parameters()))
+    if compile_backend:
+        mods = {k: (torch.compile(mod, fullgraph=True, backend=compile_backend), ps)
+                for k, (mod, ps) in mods.items()}
     for k, (mod, _) in mods.items():
         fwd[k] = (lambda mod=mod: mod(x))
 
@@ -267,6 +275,9 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
     mins_b = {k: t["min_s"] for k, t in t_fb.items()}
     mem = {k: saved_bytes(lambda mod=mod: mod(xg), ps) for k, (mod, ps) in mods.items()
            if k != "llama_mlp_copy"}
+    if compile_backend and not all(mem.values()):
+        # compiled graphs need not report their saved tensors to the hooks
+        raise RuntimeError(f"saved_tensors_hooks saw nothing under backend {compile_backend!r}: {mem}")
 
     med_f = {k: t["median_s"] for k, t in t_fwd.items()}
     med_b = {k: t["median_s"] for k, t in t_fb.items()}
@@ -308,7 +319,7 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
         verdicts[k]["saved_bytes_vs_llama"] = verdict(sb, sb, TARGETS["saved_bytes_vs_llama"])
     return {
         "config": {"d": d, "m": m, "n": n, "dtype": str(dtype).replace("torch.", ""), "device": str(device),
-                   "reps_fwd": reps, "reps_fwd_bwd": reps},
+                   "reps_fwd": reps, "reps_fwd_bwd": reps, "compile_backend": compile_backend},
         "forward": t_fwd, "forward_backward": t_fb, "saved_bytes": mem, "ratios": ratios,
         "ratios_of_minima": ratios_of_minima, "paired_ratios": paired, "verdicts": verdicts,
         "loadavg_start": load_start, "loadavg_end": _loadavg(),
@@ -423,8 +434,11 @@ def machine_info(device="cpu") -> dict:
 
 
 def run(suites=("headline", "rank", "size"), *, device="cpu", dtype=None, sizes: Optional[dict] = None,
-        reps: Optional[int] = None) -> dict:
-    """Run the chosen suites. CUDA defaults to the Llama-7B sizes in bfloat16."""
+        reps: Optional[int] = None, compile_backend: Optional[str] = None) -> dict:
+    """Run the chosen suites. CUDA defaults to the Llama-7B sizes in bfloat16.
+
+    ``compile_backend`` applies to the headline suite only (see :func:`bench_headline`).
+    """
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
@@ -437,10 +451,12 @@ def run(suites=("headline", "rank", "size"), *, device="cpu", dtype=None, sizes:
         if cuda:
             d, m = sizes.get("d", 4096), sizes.get("m", 11008)
             ns = sizes.get("ns", (1, 128, 2048, 8192))
-            res["suites"]["headline"] = [bench_headline(d, m, n, **kw) for n in ns]
+            res["suites"]["headline"] = [bench_headline(d, m, n, compile_backend=compile_backend, **kw)
+                                         for n in ns]
         else:
-            res["suites"]["headline"] = [bench_headline(sizes.get("d", 512), sizes.get("m", 1376),
-                                                        n, **kw) for n in sizes.get("ns", (2048,))]
+            res["suites"]["headline"] = [bench_headline(sizes.get("d", 512), sizes.get("m", 1376), n,
+                                                        compile_backend=compile_backend, **kw)
+                                         for n in sizes.get("ns", (2048,))]
     if "rank" in suites:
         res["suites"]["rank"] = bench_rank(sizes.get("rank_d", 512), sizes.get("rank_m", 344),
                                            sizes.get("rank_n", 256), **kw)
@@ -467,7 +483,8 @@ def format_report(res: dict) -> str:
         c = hl["config"]
         la = (f", load avg {hl['loadavg_start'][0]:.2f} -> {hl['loadavg_end'][0]:.2f}"
               if hl.get("loadavg_start") and hl.get("loadavg_end") else "")
-        lines += ["", f"headline: d={c['d']} m={c['m']} N={c['n']} {c['dtype']} on {c['device']} "
+        comp = f", torch.compile backend {c['compile_backend']}" if c.get("compile_backend") else ""
+        lines += ["", f"headline: d={c['d']} m={c['m']} N={c['n']} {c['dtype']} on {c['device']}{comp} "
                       f"(medians of {c['reps_fwd']} / {c['reps_fwd_bwd']} interleaved reps{la})",
                   f"{'candidate':16s} {'fwd ms':>9s} {'fwd+bwd ms':>11s} {'saved MiB':>10s} "
                   f"{'page faults fwd, fwd+bwd':>25s}"]
@@ -520,6 +537,8 @@ def main(argv=None) -> dict:
     p.add_argument("--m", type=int, help="headline d_hidden (CPU 1376, CUDA 11008)")
     p.add_argument("--n", type=int, action="append", help="headline token counts (repeatable)")
     p.add_argument("--reps", type=int, default=None, help="interleaved repetitions")
+    p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                   help="headline suite: torch.compile every module (backend, default inductor)")
     p.add_argument("--tiny", action="store_true", help="tiny sizes: checks the code runs, measures nothing useful")
     p.add_argument("--json", default=None, help="write the results with provenance to this JSON file")
     a = p.parse_args(argv)
@@ -535,7 +554,7 @@ def main(argv=None) -> dict:
         sizes["ns"] = tuple(a.n)
     dtype = getattr(torch, a.dtype) if a.dtype else None
     res = run(tuple(a.suite or ("headline", "rank", "size")), device=a.device, dtype=dtype, sizes=sizes,
-              reps=a.reps or (3 if a.tiny else None))
+              reps=a.reps or (3 if a.tiny else None), compile_backend=a.compile)
     res["command"] = "python -m qkmlp.bench " + " ".join(sys.argv[1:] if argv is None else argv)
     print(format_report(res))
     if a.json:

@@ -409,7 +409,10 @@ def gated(x: torch.Tensor, w_qk: torch.Tensor, value: torch.Tensor, activation: 
     if _needs_grad(x, w_qk, value):
         f = GatedFn if torch.compiler.is_compiling() else GatedJvpFn
         return f.apply(x, w_qk, value, activation, m, r)[0]
-    h = _gated_hidden(activation, x @ w_qk.T, m, r, compute_dtype(x.dtype), scratch=True)
+    # in place on the GEMM's output in eager mode; out of place when compiling, where
+    # functionalising the in-place ops on views would write the whole buffer back
+    h = _gated_hidden(activation, x @ w_qk.T, m, r, compute_dtype(x.dtype),
+            scratch=not torch.compiler.is_compiling())
     return h.to(x.dtype) @ value
 
 
@@ -419,7 +422,10 @@ def symmetric(x: torch.Tensor, w_qk: torch.Tensor, value: torch.Tensor, activati
     if _needs_grad(x, w_qk, value):
         f = SymmetricFn if torch.compiler.is_compiling() else SymmetricJvpFn
         return f.apply(x, w_qk, value, activation, m, r)[0]
-    h = _symmetric_hidden(activation, x @ w_qk.T, m, r, compute_dtype(x.dtype), scratch=True)
+    # in place on the GEMM's output in eager mode; out of place when compiling, where
+    # functionalising the in-place ops on views would write the whole buffer back
+    h = _symmetric_hidden(activation, x @ w_qk.T, m, r, compute_dtype(x.dtype),
+            scratch=not torch.compiler.is_compiling())
     return h.to(x.dtype) @ value
 
 
