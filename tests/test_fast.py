@@ -57,24 +57,6 @@ def test_fused_matches_plain_autograd_float64(cls, ref, act, rank):
     torch.testing.assert_close(got[0], ref(x, fast.query, fast.key, fast.value, get_activation(act)))
 
 
-@pytest.mark.parametrize("act", activation_names())
-@pytest.mark.parametrize("block", [1, 10, 23, 10**6])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_gated_row_blocks_match_plain_autograd(act, block, dtype, monkeypatch):
-    """The rank-1 gated middle runs in row blocks (one row, several, uneven, one block)."""
-    monkeypatch.setattr(fn, "ROW_BLOCK_NUMEL", block)
-    fast, plain = _pair(GatedMLP, act, 1, d=6, m=5, d_out=4)
-    fast, plain = fast.to(dtype), plain.to(dtype)
-    x = torch.randn(13, 6, dtype=dtype, requires_grad=True)
-    gy = torch.randn(13, 4, dtype=dtype)
-    tol = {"rtol": 1e-10, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 1e-5, "atol": 1e-6}
-    for g, w in zip(_grads(fast, x, gy), _grads(plain, x, gy)):
-        torch.testing.assert_close(g, w, **tol)
-    with torch.no_grad():                                   # the in-place inference path
-        torch.testing.assert_close(fast(x), plain(x), **tol)
-    assert len(fn._row_blocks(13, 5)) == -(-13 // max(1, block // 5))
-
-
 @pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
 @pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh", "tanh", "softplus", "sigmoid"])
 def test_fused_backward_gradcheck(cls, act):

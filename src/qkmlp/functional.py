@@ -145,65 +145,8 @@ def _act_into(name: str, z: torch.Tensor) -> torch.Tensor:
     return f(z) if f is not None else ACTIVATIONS[name](z)
 
 
-# σ(z) written into ``out``: the same ATen kernels as the activations themselves.
-_OUT: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "identity": lambda z, out: out.copy_(z),
-    "relu": lambda z, out: torch.clamp_min(z, 0, out=out),      # ATen's relu is clamp_min(z, 0)
-    "leaky_relu": lambda z, out: _aten.leaky_relu.out(z, 0.01, out=out),
-    "gelu": lambda z, out: _aten.gelu.out(z, approximate="none", out=out),
-    "gelu_tanh": lambda z, out: _aten.gelu.out(z, approximate="tanh", out=out),
-    "silu": lambda z, out: _aten.silu.out(z, out=out),
-    "tanh": lambda z, out: torch.tanh(z, out=out),
-    "sigmoid": lambda z, out: torch.sigmoid(z, out=out),
-    "softplus": lambda z, out: _aten.softplus.out(z, 1, 20, out=out),
-}
-
-
-def _act_out(name: str, z: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """σ(z) into ``out`` (eager mode only); returns ``out``."""
-    f = _OUT.get(name)
-    if f is None:
-        return out.copy_(ACTIVATIONS[name](z))
-    f(z, out)
-    return out
-
-
-#: Elements per row block of the rank-1 elementwise middle: a block of each operand
-#: (0.5 MiB in float32) stays in cache between the passes over it.
-ROW_BLOCK_NUMEL = 1 << 17
-
-
-def _row_blocks(n: int, m: int):
-    """Slices of ⌈N / rows⌉ row blocks of about ROW_BLOCK_NUMEL elements of an (N, m) array."""
-    rows = max(1, ROW_BLOCK_NUMEL // max(m, 1))
-    return [slice(i, min(n, i + rows)) for i in range(0, n, rows)]
-
-
-def _gated_hidden_rank1(name: str, a: torch.Tensor, b: torch.Tensor, *, scratch: bool) -> torch.Tensor:
-    """h = σ(a)·b for (N, m) views a, b, one row block at a time (eager, no upcast).
-
-    Each block of σ(a) is still in cache when it is multiplied by b: one pass over memory
-    instead of two. With ``scratch`` h overwrites a (inference), else h is a new array.
-    """
-    n, m = a.shape
-    h = a if scratch else torch.empty(n, m, dtype=a.dtype, device=a.device)
-    for rows in _row_blocks(n, m):
-        hb = h[rows]
-        if scratch:
-            if name in _INPLACE:
-                _INPLACE[name](hb)
-            else:
-                hb.copy_(ACTIVATIONS[name](hb))
-        else:
-            _act_out(name, a[rows], hb)
-        hb.mul_(b[rows])
-    return h
-
-
 def _gated_hidden(name: str, ab: torch.Tensor, m: int, r: int, cdt, *, scratch: bool) -> torch.Tensor:
     """h = Σ_s σ(a_s) b_s, (N, m); overwrites ab when ``scratch`` (inference)."""
-    if r == 1 and ab.dtype == cdt and _eager():
-        return _gated_hidden_rank1(name, ab[:, :m], ab[:, m:], scratch=scratch)
     a, b = _split(ab, m, r, cdt, upcast_b=False)
     own = scratch or ab.dtype != cdt   # may overwrite a: ab is scratch, or a is an upcast copy
     if own:
@@ -338,24 +281,16 @@ class GatedFn(_FusedBase):
             return _plain_backward(ctx, gated_reference, grad_y)
         x, w_qk, value, a, b, m, r, dt, cdt = _unpack_saved(ctx)
         n = x.shape[0]
-        if r == 1 and dt == cdt and _can_write_into(grad_y, a, b):
-            # Rank 1, no upcast: dh = dy·Vᵀ goes straight into the b half of d[a; b];
-            # then, one row block at a time (so that each pass finds the block in cache),
-            # σ(a) into h, dh·b·σ'(a) into the a half, dh·σ(a) in place, h = σ(a)·b.
-            a, b = a.squeeze(-1), b.squeeze(-1)
-            gab = torch.empty(n, 2 * m, dtype=dt, device=x.device)
-            h = torch.empty(n, m, dtype=dt, device=x.device)
-            grad_a, grad_b = gab[:, :m], gab[:, m:]
-            torch.mm(grad_y, value.T, out=grad_b)                       # dh
-            backward_into = _BACKWARD_INTO[ctx.name]
-            for rows in _row_blocks(n, m):
-                ab_, bb, ga, gb = a[rows], b[rows], grad_a[rows], grad_b[rows]
-                s = _act_out(ctx.name, ab_, h[rows])                     # σ(a), recomputed
-                backward_into(torch.mul(gb, bb, out=ga), ab_, s, ga)     # dh·b·σ'(a)
-                gb.mul_(s)                                               # dh·σ(a)
-                s.mul_(bb)                                               # h, recomputed
-            return (*_weight_grads(ctx, gab, x, w_qk, h, grad_y, value), None, None, None)
         s = ACTIVATIONS[ctx.name](a)                            # σ(a), recomputed
+        if r == 1 and dt == cdt and _can_write_into(grad_y, a, b):
+            # Rank 1, no upcast: dh = dy·Vᵀ goes straight into the b half of d[a; b]
+            # and everything else happens in place, one fresh (N, 2m) buffer in all.
+            gab, grad_a, grad_b = _grad_buffer(n, m, r, s)
+            torch.mm(grad_y, value.T, out=gab[:, m:])                   # dh
+            _BACKWARD_INTO[ctx.name](torch.mul(grad_b, b, out=grad_a), a, s, grad_a)
+            grad_b.mul_(s)                                           # dh·σ(a)
+            h = (s * b if ctx.name == "identity" else s.mul_(b)).squeeze(-1)
+            return (*_weight_grads(ctx, gab, x, w_qk, h, grad_y, value), None, None, None)
         grad_h = (grad_y @ value.T).to(cdt).unsqueeze(-1)      # (N, m, 1)
         if not _can_write_into(grad_h, a, b):
             grad_b = grad_h * s                                     # d/db of σ(a)·b
