@@ -289,6 +289,7 @@ def test_bench_runs_tiny_and_writes_json(tmp_path, capsys):
     assert "floor_gemms" in out and "llama_mlp" in out and "torch" in out
     stored = json.loads(path.read_text())
     assert stored["machine"]["torch"] == torch.__version__
+    assert stored["machine"]["library_uncommitted_changes"] in (True, False, None)
     assert stored["command"].startswith("python -m qkmlp.bench")
     hl = stored["suites"]["headline"][0]
     assert set(hl["ratios"]) == {"gated_mlp", "symmetric_mlp"}

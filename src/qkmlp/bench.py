@@ -410,6 +410,17 @@ def _git_commit() -> Optional[str]:
         return None
 
 
+def _library_changed() -> Optional[bool]:
+    """Whether the library's own files differ from the commit (uncommitted changes), if known."""
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        out = subprocess.run(["git", "-C", here, "status", "--porcelain", "--", "."], capture_output=True,
+                             text=True, timeout=5)
+        return bool(out.stdout.strip()) if out.returncode == 0 else None
+    except Exception:
+        return None
+
+
 def machine_info(device="cpu") -> dict:
     """Machine, versions and date, for the provenance of stored results."""
     info = {
@@ -422,6 +433,7 @@ def machine_info(device="cpu") -> dict:
         "torch_threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "git_commit": _git_commit(),
+        "library_uncommitted_changes": _library_changed(),
     }
     try:
         info["loadavg"] = list(os.getloadavg())
