@@ -229,6 +229,26 @@ def _plain_backward(ctx, reference, grad_y):
 _NO_GRADS = (None,) * 6   # backward's answer when y did not reach the loss
 
 
+def _fused_forward(hidden, x, w_qk, value, name, m, r, scratch=False):
+    """(y, [a; b]) with [a; b] = x·W_qkᵀ and y = hidden([a; b])·V: both fused forwards.
+
+    ``hidden`` is :func:`_gated_hidden` or :func:`_symmetric_hidden`; with ``scratch`` it
+    may overwrite [a; b] (inference)."""
+    ab = x @ w_qk.T
+    h = hidden(name, ab, m, r, compute_dtype(x.dtype), scratch=scratch)
+    return h.to(x.dtype) @ value, ab
+
+
+def _backward_without_fusion(ctx, grad_y, reference):
+    """The backward answers that need no fused rule, else None: no gradients when y did not
+    reach the loss; the plain formula differentiated again under ``create_graph=True``."""
+    if grad_y is None:
+        return _NO_GRADS
+    if _records_backward():
+        return _plain_backward(ctx, reference, grad_y)
+    return None
+
+
 def _unpack_saved(ctx):
     """The saved x, W_qk, V and the pre-activations a, b (N, m, r) in the compute dtype,
     with m, r, the input dtype and the compute dtype: what every backward/jvp starts from."""
@@ -269,16 +289,13 @@ class GatedFn(_FusedBase):
 
     @staticmethod
     def forward(x, w_qk, value, name: str, m: int, r: int):
-        ab = x @ w_qk.T
-        h = _gated_hidden(name, ab, m, r, compute_dtype(x.dtype), scratch=False)
-        return h.to(x.dtype) @ value, ab
+        return _fused_forward(_gated_hidden, x, w_qk, value, name, m, r)
 
     @staticmethod
     def backward(ctx, grad_y, _grad_ab):
-        if grad_y is None:                     # y did not reach the loss
-            return _NO_GRADS
-        if _records_backward():                # create_graph=True: a differentiable backward
-            return _plain_backward(ctx, gated_reference, grad_y)
+        done = _backward_without_fusion(ctx, grad_y, gated_reference)
+        if done is not None:
+            return done
         x, w_qk, value, a, b, m, r, dt, cdt = _unpack_saved(ctx)
         n = x.shape[0]
         s = ACTIVATIONS[ctx.name](a)                            # σ(a), recomputed
@@ -314,16 +331,13 @@ class SymmetricFn(_FusedBase):
 
     @staticmethod
     def forward(x, w_qk, value, name: str, m: int, r: int):
-        ab = x @ w_qk.T
-        h = _symmetric_hidden(name, ab, m, r, compute_dtype(x.dtype), scratch=False)
-        return h.to(x.dtype) @ value, ab
+        return _fused_forward(_symmetric_hidden, x, w_qk, value, name, m, r)
 
     @staticmethod
     def backward(ctx, grad_y, _grad_ab):
-        if grad_y is None:                     # y did not reach the loss
-            return _NO_GRADS
-        if _records_backward():                # create_graph=True: a differentiable backward
-            return _plain_backward(ctx, symmetric_reference, grad_y)
+        done = _backward_without_fusion(ctx, grad_y, symmetric_reference)
+        if done is not None:
+            return done
         x, w_qk, value, a, b, m, r, dt, cdt = _unpack_saved(ctx)
         n = x.shape[0]
         p = _sum_rank(a * b)                                   # score, recomputed (N, m)
@@ -403,30 +417,26 @@ def _needs_grad(*ts) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
 
 
-def gated(x: torch.Tensor, w_qk: torch.Tensor, value: torch.Tensor, activation: str, m: int, r: int) -> torch.Tensor:
-    """Fused gated rank-r MLP on a 2-D batch: (N, d) -> (N, d_out). See :class:`GatedFn`."""
+def _apply(fn, jvp_fn, hidden, x, w_qk, value, activation, m, r):
+    """y of a fused layer: through the autograd function ``fn`` (``jvp_fn`` in eager mode,
+    which adds forward-mode AD) when a gradient is wanted, else straight through."""
     _check_args(x, w_qk, value, m, r)
+    compiling = torch.compiler.is_compiling()
     if _needs_grad(x, w_qk, value):
-        f = GatedFn if torch.compiler.is_compiling() else GatedJvpFn
-        return f.apply(x, w_qk, value, activation, m, r)[0]
+        return (fn if compiling else jvp_fn).apply(x, w_qk, value, activation, m, r)[0]
     # in place on the GEMM's output in eager mode; out of place when compiling, where
     # functionalising the in-place ops on views would write the whole buffer back
-    h = _gated_hidden(activation, x @ w_qk.T, m, r, compute_dtype(x.dtype),
-            scratch=not torch.compiler.is_compiling())
-    return h.to(x.dtype) @ value
+    return _fused_forward(hidden, x, w_qk, value, activation, m, r, scratch=not compiling)[0]
+
+
+def gated(x: torch.Tensor, w_qk: torch.Tensor, value: torch.Tensor, activation: str, m: int, r: int) -> torch.Tensor:
+    """Fused gated rank-r MLP on a 2-D batch: (N, d) -> (N, d_out). See :class:`GatedFn`."""
+    return _apply(GatedFn, GatedJvpFn, _gated_hidden, x, w_qk, value, activation, m, r)
 
 
 def symmetric(x: torch.Tensor, w_qk: torch.Tensor, value: torch.Tensor, activation: str, m: int, r: int) -> torch.Tensor:
     """Fused symmetric rank-r MLP on a 2-D batch: (N, d) -> (N, d_out). See :class:`SymmetricFn`."""
-    _check_args(x, w_qk, value, m, r)
-    if _needs_grad(x, w_qk, value):
-        f = SymmetricFn if torch.compiler.is_compiling() else SymmetricJvpFn
-        return f.apply(x, w_qk, value, activation, m, r)[0]
-    # in place on the GEMM's output in eager mode; out of place when compiling, where
-    # functionalising the in-place ops on views would write the whole buffer back
-    h = _symmetric_hidden(activation, x @ w_qk.T, m, r, compute_dtype(x.dtype),
-            scratch=not torch.compiler.is_compiling())
-    return h.to(x.dtype) @ value
+    return _apply(SymmetricFn, SymmetricJvpFn, _symmetric_hidden, x, w_qk, value, activation, m, r)
 
 
 def gated_reference(x, w_qk, value, activation: Callable, m: int, r: int) -> torch.Tensor:
