@@ -298,19 +298,19 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
             ratios[k]["fwd_vs_liger"] = med_f[k] / med_f["liger_swiglu"]
             ratios[k]["fwd_bwd_vs_liger"] = med_b[k] / med_b["liger_swiglu"]
 
-    def pr(k, key, other, table):
+    def pr(k, other, table):
         return paired_ratio(table[k]["times_s"], table[other]["times_s"])
 
     paired = {}
     for k in ("gated_mlp", "symmetric_mlp", "llama_mlp_copy", "llama_mlp"):
-        paired[k] = {"fwd_vs_floor": pr(k, "fwd", "floor_gemms", t_fwd),
-                     "fwd_bwd_vs_floor": pr(k, "fwd_bwd", "floor_gemms", t_fb)}
+        paired[k] = {"fwd_vs_floor": pr(k, "floor_gemms", t_fwd),
+                     "fwd_bwd_vs_floor": pr(k, "floor_gemms", t_fb)}
         if k != "llama_mlp":
-            paired[k]["fwd_vs_llama"] = pr(k, "fwd", "llama_mlp", t_fwd)
-            paired[k]["fwd_bwd_vs_llama"] = pr(k, "fwd_bwd", "llama_mlp", t_fb)
+            paired[k]["fwd_vs_llama"] = pr(k, "llama_mlp", t_fwd)
+            paired[k]["fwd_bwd_vs_llama"] = pr(k, "llama_mlp", t_fb)
         if "liger_swiglu" in t_fwd and k in ("gated_mlp", "symmetric_mlp"):
-            paired[k]["fwd_vs_liger"] = pr(k, "fwd", "liger_swiglu", t_fwd)
-            paired[k]["fwd_bwd_vs_liger"] = pr(k, "fwd_bwd", "liger_swiglu", t_fb)
+            paired[k]["fwd_vs_liger"] = pr(k, "liger_swiglu", t_fwd)
+            paired[k]["fwd_bwd_vs_liger"] = pr(k, "liger_swiglu", t_fb)
     verdicts = {}
     for k in ("gated_mlp", "symmetric_mlp"):
         verdicts[k] = {key: verdict(p["lo"], p["hi"], TARGETS[key])
