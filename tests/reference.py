@@ -1,6 +1,5 @@
 """Independent reference implementations of every layer's formula, written loop-by-slot
 from the notation of the book (slow but obviously correct). Used only by the tests."""
-import torch
 
 
 def key_value(x, K, V, act):

@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import qkmlp
 from qkmlp import functional as fn
 from qkmlp import (
     BilinearAttentionMLP,

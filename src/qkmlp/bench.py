@@ -435,10 +435,8 @@ def machine_info(device="cpu") -> dict:
         "git_commit": _git_commit(),
         "library_uncommitted_changes": _library_changed(),
     }
-    try:
-        info["loadavg"] = list(os.getloadavg())
-    except OSError:
-        pass
+    if _loadavg() is not None:
+        info["loadavg"] = _loadavg()
     if torch.device(device).type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
         info["cuda"] = torch.version.cuda

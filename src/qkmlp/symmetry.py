@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Union
 
 import torch
 
@@ -25,7 +24,6 @@ from .activations import Activation
 from .layers import (
     BilinearAttentionMLP,
     GatedMLP,
-    KeyValueMLP,
     StaticQueryMLP,
     SymmetricBilinearMLP,
 )

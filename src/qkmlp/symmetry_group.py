@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from .costs import _LAYERS, parameter_count
 from .layers import (
     BilinearAttentionMLP,
     GatedMLP,
@@ -52,18 +53,11 @@ __all__ = [
     "conserved_quantities",
 ]
 
-_LAYERS = (KeyValueMLP, StaticQueryMLP, BilinearAttentionMLP, SymmetricBilinearMLP, GatedMLP)
-_EPS64 = torch.finfo(torch.float64).eps
-
 
 def _require_layer(layer) -> None:
     if not isinstance(layer, _LAYERS):
         names = ", ".join(t.__name__ for t in _LAYERS)
         raise TypeError(f"expected one of the qkmlp layers ({names}); got {type(layer).__name__}")
-
-
-def _n_params(layer: nn.Module) -> int:
-    return sum(p.numel() for p in layer.parameters())
 
 
 # --- measurement -------------------------------------------------------------------------
@@ -141,14 +135,12 @@ def measure_symmetry(
     _require_layer(layer)
     if not (0.0 < rtol < 1.0):
         raise ValueError(f"rtol must be in (0, 1), got {rtol!r}")
-    P = _n_params(layer)
+    P = parameter_count(layer)
     if n_inputs is None:
         n_inputs = 2 * P + 20
     if isinstance(n_inputs, bool) or not isinstance(n_inputs, int) or n_inputs < 1:
         raise ValueError(f"n_inputs must be a positive integer, got {n_inputs!r}")
-    layer64 = copy.deepcopy(layer).to(device="cpu", dtype=torch.float64)
-    if hasattr(layer64, "fused"):
-        layer64.fused = False  # plain autograd formula: torch.func needs no custom Function
+    layer64 = copy.deepcopy(layer).to(device="cpu", dtype=torch.float64)   # jacobian() unfuses it
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n_inputs, layer.d_model, generator=gen, dtype=torch.float64)
     J = jacobian(layer64, x)
@@ -309,7 +301,7 @@ def predicted_symmetry_dimension(layer: nn.Module) -> int:
 
 def effective_parameter_count(layer: nn.Module) -> int:
     """Parameters minus predicted symmetry dimension: the dimension of the function family."""
-    return _n_params(layer) - predicted_symmetry_dimension(layer)
+    return parameter_count(layer) - predicted_symmetry_dimension(layer)
 
 
 # --- discrete symmetries ------------------------------------------------------------------

@@ -16,10 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
 from torch import nn
 
-from ..costs import parameter_count
 from ..layers import GatedMLP, KeyValueMLP, SymmetricBilinearMLP
 
 __all__ = ["Family", "FAMILIES", "family_names", "get_family", "hidden_width", "make_layer", "kv_budget"]
@@ -109,6 +107,3 @@ def make_layer(family, d_in: int, d_out: int, budget: int, *, device=None, dtype
     cls = SymmetricBilinearMLP if fam.kind == "sym" else GatedMLP
     return cls(d_in, m, d_out, rank=fam.rank, activation=fam.activation, **fk)
 
-
-def layer_params(layer: nn.Module) -> int:
-    return parameter_count(layer)

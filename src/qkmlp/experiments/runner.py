@@ -12,7 +12,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import time
 from pathlib import Path
 from typing import Iterable, Optional
@@ -20,6 +19,7 @@ from typing import Iterable, Optional
 import torch
 
 from .. import __version__
+from ..bench import _git_commit
 from .stats import mean_sd, paired_comparison
 from .tasks import get_task
 
@@ -34,18 +34,9 @@ def cell_key(cell: dict) -> tuple:
     return tuple((k, cell[k]) for k in _CELL_FIELDS if k in cell)
 
 
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip() or "unknown"
-    except Exception:
-        return "unknown"
-
-
 # The code a process runs is the code it imported: record the commit at import time (the
 # checkout may move on while a long grid runs).
-_IMPORT_COMMIT = _git_commit()
+_IMPORT_COMMIT = _git_commit() or "unknown"
 
 
 def _hardware(device: torch.device) -> dict:

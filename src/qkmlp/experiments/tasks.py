@@ -25,9 +25,8 @@ Tasks (all data generated or bundled, no downloads):
 """
 from __future__ import annotations
 
-import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
