@@ -420,3 +420,20 @@ def test_paired_ratio_pairs_by_round_and_verdicts():
     assert verdict(1.01, 1.02, 1.0) == "not met"
     with pytest.raises(ValueError, match="lo <= hi"):
         verdict(1.0, 0.9, 1.0)
+
+
+def test_pooled_paired_ratio_and_format_paired():
+    from qkmlp.bench import format_paired, pooled_paired_ratio
+
+    def headline(cand, other):
+        return {"forward_backward": {"gated_mlp": {"times_s": cand}, "llama_mlp": {"times_s": other}}}
+
+    runs = [headline([2.0, 4.0], [1.0, 2.0]), headline([3.0], [1.0])]
+    iv = pooled_paired_ratio(runs, "gated_mlp")
+    assert (iv["median"], iv["n"], iv["lo"], iv["hi"]) == (2.0, 3, 2.0, 3.0)
+    hl = {"paired_ratios": {"gated_mlp": {"fwd_vs_llama": {"median": 0.98, "lo": 0.97, "hi": 0.99},
+                                          "fwd_vs_floor": {"median": 1.02, "lo": 1.01, "hi": 1.03}},
+                            "llama_mlp": {"fwd_vs_floor": {"median": 1.0, "lo": 0.9, "hi": 1.1}}},
+          "verdicts": {"gated_mlp": {"fwd_vs_llama": "met"}}}
+    assert format_paired(hl, ["gated_mlp"], ["fwd_vs_llama"]) == ["  gated_mlp: fwd_vs_llama 0.980 [0.970, 0.990] met"]
+    assert len(format_paired(hl)) == 2

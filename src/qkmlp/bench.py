@@ -50,6 +50,8 @@ __all__ = [
     "time_interleaved",
     "median_interval",
     "paired_ratio",
+    "pooled_paired_ratio",
+    "format_paired",
     "verdict",
     "TARGETS",
     "bench_headline",
@@ -194,6 +196,21 @@ def paired_ratio(num: list, den: list, level: float = 0.95) -> dict:
     if len(num) != len(den) or not num:
         raise ValueError(f"expected two equally long, non-empty lists of times, got {len(num)} and {len(den)}")
     return median_interval([a / b for a, b in zip(num, den)], level)
+
+
+def pooled_paired_ratio(headlines: list, candidate: str, table: str = "forward_backward",
+                        other: str = "llama_mlp", level: float = 0.95) -> dict:
+    """:func:`median_interval` of the round-by-round ratios candidate / other pooled over
+    several headline results (e.g. the same command run in separate processes).
+
+    ``table`` is "forward" or "forward_backward". Pooling treats every round as independent;
+    a shift between processes widens the truth beyond the interval.
+    """
+    ratios = []
+    for hl in headlines:
+        t = hl[table]
+        ratios += [a / b for a, b in zip(t[candidate]["times_s"], t[other]["times_s"])]
+    return median_interval(ratios, level)
 
 
 #: The headline targets: (ratio key, goal), a ratio at most the goal meets it.
@@ -480,6 +497,20 @@ def _ms(s: float) -> str:
     return f"{1e3 * s:9.3f}"
 
 
+def format_paired(hl: dict, candidates=None, keys=None) -> list:
+    """Lines "  candidate: key median [lo, hi] verdict, ..." of a headline's paired ratios,
+    for the given candidates and ratio keys (default: all)."""
+    lines = []
+    for k, r in hl["paired_ratios"].items():
+        if candidates is not None and k not in candidates:
+            continue
+        vs = hl.get("verdicts", {}).get(k, {})
+        lines.append(f"  {k}: " + ", ".join(
+            f"{n} {p['median']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}]" + (f" {vs[n]}" if n in vs else "")
+            for n, p in r.items() if keys is None or n in keys))
+    return lines
+
+
 def format_report(res: dict) -> str:
     """Plain-text tables of a :func:`run` result."""
     mi = res["machine"]
@@ -512,11 +543,7 @@ def format_report(res: dict) -> str:
         if "paired_ratios" in hl:
             lines.append("paired ratios, median of per-round ratios [95% interval of the median]"
                          " -> verdict; llama_mlp_copy is the A/A control:")
-            for k, r in hl["paired_ratios"].items():
-                vs = hl.get("verdicts", {}).get(k, {})
-                lines.append(f"  {k}: " + ", ".join(
-                    f"{n} {p['median']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}]" + (f" {vs[n]}" if n in vs else "")
-                    for n, p in r.items()))
+            lines += format_paired(hl)
     if "rank" in res["suites"]:
         rk = res["suites"]["rank"]
         c = rk["config"]
