@@ -16,11 +16,12 @@ def _rand(*shape, seed=0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
 
 
-def _with_spectrum(eigenvalues, seed=0):
-    """A symmetric matrix with the given eigenvalues and a random orthonormal basis."""
-    d = len(eigenvalues)
-    U, _ = torch.linalg.qr(_rand(d, d, seed=seed))
-    return U @ torch.diag(torch.tensor(eigenvalues, dtype=F64)) @ U.T
+def test_with_spectrum_has_that_spectrum():
+    S = L.with_spectrum([3.0, -1.0, 0.0, 0.5], seed=2)
+    torch.testing.assert_close(S, S.T)
+    torch.testing.assert_close(torch.linalg.eigvalsh(S), torch.tensor([-1.0, 0.0, 0.5, 3.0], dtype=F64))
+    with pytest.raises(ValueError, match="eigenvalues"):
+        L.with_spectrum([])
 
 
 def test_symmetric_part_gives_the_same_quadratic_form():
@@ -78,14 +79,14 @@ def test_balanced_factors_reach_the_balanced_error_and_beat_eig():
 
 
 def test_balanced_equals_eig_for_a_positive_semidefinite_matrix():
-    S = _with_spectrum([5.0, 3.0, 2.0, 1.0, 0.5, 0.0], seed=5)
+    S = L.with_spectrum([5.0, 3.0, 2.0, 1.0, 0.5, 0.0], seed=5)
     for r in range(1, 7):
         assert torch.isclose(L.balanced_error(S, r), L.eckart_young_error(S, r), atol=1e-12)
 
 
 @pytest.mark.parametrize("pos,neg,seed", [(3.0, -0.7, 6), (0.2, -5.0, 12), (1.0, -1.0, 13)])
 def test_one_factor_represents_a_rank_two_indefinite_matrix(pos, neg, seed):
-    S = _with_spectrum([pos, 0.0, 0.0, neg, 0.0], seed=seed)
+    S = L.with_spectrum([pos, 0.0, 0.0, neg, 0.0], seed=seed)
     assert L.inertia(S) == (1, 1, 3)
     assert L.factor_rank(S) == 1
     q, k = L.balanced_factors(S, 1)
@@ -96,7 +97,7 @@ def test_one_factor_represents_a_rank_two_indefinite_matrix(pos, neg, seed):
 
 @pytest.mark.parametrize("spectrum", [[2.0, 1.0, -1.0, 0.0, 0.0], [1.0, 1.0, 1.0, -2.0, 0.0], [-1.0, -2.0, -3.0, 0.0, 0.0]])
 def test_factor_rank_is_the_larger_inertia_count(spectrum):
-    S = _with_spectrum(spectrum, seed=7)
+    S = L.with_spectrum(spectrum, seed=7)
     pos = sum(v > 0 for v in spectrum)
     neg = sum(v < 0 for v in spectrum)
     assert L.inertia(S) == (pos, neg, 5 - pos - neg)

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from .activations import get_activation
+from . import lowrank
 from .layers import BilinearAttentionMLP, KeyValueMLP
 from .training import fit
 
@@ -282,24 +283,21 @@ def product_layer(d: int, i: int = 0, k: int = 1, dtype=None) -> BilinearAttenti
     return layer
 
 
-def _require_bilinear(layer) -> None:
-    if not isinstance(layer, BilinearAttentionMLP):
-        raise TypeError(f"expected a BilinearAttentionMLP, got {type(layer).__name__}")
-
-
 @torch.no_grad()
 def symmetric_part(layer: BilinearAttentionMLP) -> BilinearAttentionMLP:
-    """A copy of ``layer`` with every A_j replaced by (A_j + A_jᵀ)/2; same function."""
-    _require_bilinear(layer)
+    """A copy of ``layer`` with every A_j replaced by (A_j + A_jᵀ)/2; same function.
+
+    (The layer-level twin of :func:`qkmlp.lowrank.symmetric_part`, which takes matrices.)"""
+    lowrank._check_dense(layer)
     out = copy.deepcopy(layer)
-    out.interaction.copy_((layer.interaction + layer.interaction.transpose(1, 2)) / 2)
+    out.interaction.copy_(lowrank.symmetric_part(layer.interaction))
     return out
 
 
 @torch.no_grad()
 def antisymmetric_part(layer: BilinearAttentionMLP) -> BilinearAttentionMLP:
     """A copy of ``layer`` with every A_j replaced by (A_j − A_jᵀ)/2; all its scores are 0."""
-    _require_bilinear(layer)
+    lowrank._check_dense(layer)
     out = copy.deepcopy(layer)
     out.interaction.copy_((layer.interaction - layer.interaction.transpose(1, 2)) / 2)
     return out

@@ -28,6 +28,7 @@ from .layers import BilinearAttentionMLP, SymmetricBilinearMLP
 
 __all__ = [
     "symmetric_part",
+    "with_spectrum",
     "inertia",
     "factor_rank",
     "rank_one_eigenvalues",
@@ -76,6 +77,17 @@ def symmetric_part(A: torch.Tensor) -> torch.Tensor:
     """S = (A + Aᵀ)/2: (..., d, d) -> (..., d, d). x A xᵀ = x S xᵀ for every x."""
     _check_square(A)
     return (A + A.transpose(-1, -2)) / 2
+
+
+def with_spectrum(eigenvalues, seed: int = 0) -> torch.Tensor:
+    """A symmetric (d, d) float64 matrix U diag(eigenvalues) Uᵀ, U a random orthonormal
+    basis (QR of a standard-normal matrix drawn with ``seed``)."""
+    lam = torch.as_tensor(eigenvalues, dtype=torch.float64)
+    if lam.dim() != 1 or lam.numel() == 0:
+        raise ValueError(f"expected a non-empty 1-D list of eigenvalues, got shape {tuple(lam.shape)}")
+    d = lam.numel()
+    U, _ = torch.linalg.qr(torch.randn(d, d, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)))
+    return U @ torch.diag(lam) @ U.T
 
 
 def _eigh(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
