@@ -10,7 +10,7 @@ import torch
 from qkmlp.costs import parameter_count
 from qkmlp.experiments import (
     FAMILIES, TASKS, TinyTransformer, compare, get_family, hidden_width, kv_budget, load_results,
-    make_layer, mean_sd, paired_comparison, run_cell, run_grid, save_results, sign_test, summary,
+    make_layer, mean_sd, paired_comparison, rerun, run_cell, run_grid, save_results, sign_test, summary,
     t_interval,
 )
 from qkmlp.experiments.__main__ import main
@@ -179,6 +179,13 @@ def test_run_grid_save_load_and_compare(tmp_path):
     assert cmp["n"] == 3 and cmp["seeds"] == [0, 1, 2]
     with pytest.raises(FileNotFoundError, match="python -m qkmlp.experiments"):
         load_results(tmp_path / "missing.json")
+    # a stored run reproduces (to its 5-digit rounding); a tampered one does not
+    rows = rerun(back, [{"family": "gated1-silu"}], seeds=[1])
+    assert len(rows) == 1 and rows[0]["rel_diff"] < 1e-4
+    back["runs"] = [dict(r, test_loss=2 * r["test_loss"]) if r["seed"] == 1 else r for r in back["runs"]]
+    assert rerun(back, [{"family": "gated1-silu"}], seeds=[1])[0]["rel_diff"] > 0.4
+    with pytest.raises(KeyError, match="one stored run"):
+        rerun(back, [{"family": "gated1-silu"}], seeds=[7])
 
 
 def test_device_checks():

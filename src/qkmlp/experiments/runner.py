@@ -23,8 +23,8 @@ from ..bench import _git_commit
 from .stats import mean_sd, paired_comparison
 from .tasks import get_task
 
-__all__ = ["run_grid", "run_cell", "save_results", "load_results", "summary", "compare", "values_by_seed",
-           "cell_key"]
+__all__ = ["run_grid", "run_cell", "rerun", "save_results", "load_results", "summary", "compare",
+           "values_by_seed", "cell_key"]
 
 _CELL_FIELDS = ("teacher", "family", "m_kv")
 
@@ -119,6 +119,27 @@ def run_grid(task: str, seeds: Iterable[int] = range(5), config: Optional[dict] 
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     return {"meta": meta, "config": cfg, "runs": runs}
+
+
+def rerun(results: dict, cells: list, seeds: Iterable[int] = (0, 1), device="cpu") -> list[dict]:
+    """Run some stored (cell, seed) pairs again with the stored config and compare.
+
+    Returns one row per pair: cell, seed, the task's metric live and stored, and
+    ``rel_diff``, the larger relative difference of test_loss and the metric. Stored values
+    are rounded to 5 significant digits, so an exact reproduction shows up to ~5e-5.
+    """
+    task, metric = results["meta"]["task"], results["meta"]["metric"]
+    rows = []
+    for cell in cells:
+        for seed in seeds:
+            stored = [r for r in results["runs"] if r["seed"] == seed and all(r.get(k) == v for k, v in cell.items())]
+            if len(stored) != 1:
+                raise KeyError(f"expected one stored run for {cell}, seed {seed}; found {len(stored)}")
+            live = run_cell(task, cell, seed, results["config"], device)
+            rel = max(abs(live[k] - stored[0][k]) / abs(stored[0][k]) for k in ("test_loss", metric))
+            rows.append({"cell": cell, "seed": seed, "metric": metric, "live": live[metric],
+                         "stored": stored[0][metric], "rel_diff": rel})
+    return rows
 
 
 def save_results(results: dict, path) -> Path:
