@@ -23,7 +23,9 @@ from typing import Optional, Sequence
 
 from .activations import activation_names, get_activation
 from .widgets import (
+    D_MODEL,
     FORMS,
+    _check_form,
     _grid,
     component_products,
     default_alphas,
@@ -65,10 +67,7 @@ def static_explorer_data(*, alphas: Optional[Sequence[float]] = None,
     names = list(activations or activation_names())
     for n in names:
         get_activation(n)
-    forms = list(forms)
-    for f in forms:
-        if f not in FORMS:
-            raise ValueError(f"unknown form {f!r}; expected one of {', '.join(FORMS)}")
+    forms = [_check_form(f) for f in forms]
     ranks = [int(r) for r in ranks]
     if not ranks or min(ranks) < 1:
         raise ValueError(f"ranks must be a non-empty list of integers >= 1, got {ranks!r}")
@@ -99,14 +98,12 @@ def _compute(alphas, names, forms, ranks, seed) -> dict:
     for f in forms:
         plot[f] = {}
         for n in names:
-            x0 = None
             scale, swap = [], []
             for a in alphas:
-                p0, pa, ps = component_products(f, n, a, ga, gb)
-                x0 = [_r(v) for v in p0]
+                p0, pa, ps = component_products(f, n, a, ga, gb)   # p0, the unscaled product, is the same for every α
                 scale.append([_r(v) for v in pa])
                 swap.append([_r(v) for v in ps])
-            plot[f][n] = {"x0": x0, "scale": scale, "swap": swap}
+            plot[f][n] = {"x0": [_r(v) for v in p0], "scale": scale, "swap": swap}
     return {"alphas": alphas, "activations": names, "forms": forms, "ranks": ranks,
             "seed": seed, "numbers": numbers, "plot": plot}
 
@@ -267,7 +264,7 @@ def static_explorer_html(*, activation: Optional[str] = None, form: str = "gated
         "</table>"
         f'<div class="qkmlp-plot">{svg}</div>'
         '<p class="qkmlp-note">Static explorer: every number and point was precomputed in Python '
-        f"(float64 layer d={make_batch().shape[1]}, one fixed random seed) and is replayed by a few "
+        f"(float64 layer d={D_MODEL}, one fixed random seed) and is replayed by a few "
         "lines of inline JavaScript, so it works with no kernel and no network. α runs over a "
         "log-spaced grid of negative and positive values. The live explorer (with a rank "
         "control, redrawn by Python) needs a running kernel: open this chapter in JupyterLab.</p>"

@@ -9,6 +9,7 @@ from typing import Optional, Sequence
 
 from .families import get_family
 from .runner import compare, summary
+from .stats import mean_sd
 
 __all__ = ["gain", "gated_vs_symmetric", "comparison_rows", "format_rows", "family_color",
            "plot_final", "plot_curves", "plot_cross_table", "plot_recall", "plot_swap", "swap_rows"]
@@ -151,8 +152,8 @@ def swap_rows(results_by_task: dict, families: Sequence[str]) -> list[dict]:
                 continue
             init = [r["swap_init"] for r in runs]
             trained = [r["swap_trained"] for r in runs]
-            rows.append({"task": task, "family": fam, "init": sum(init) / len(init),
-                         "trained": sum(trained) / len(trained),
+            rows.append({"task": task, "family": fam, "init": mean_sd(init)[0],
+                         "trained": mean_sd(trained)[0],
                          "grew": sum(t > i for t, i in zip(trained, init)), "n": len(runs)})
     return rows
 
