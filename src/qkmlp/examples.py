@@ -26,6 +26,7 @@ from torch import nn
 
 from .activations import get_activation
 from . import lowrank
+from ._checks import positive_int
 from .layers import BilinearAttentionMLP, KeyValueMLP
 from .training import fit
 
@@ -223,10 +224,7 @@ def decode(out: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def teacher_data(teacher: nn.Module, n: int, d: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs x ~ N(0, I_d) (n, d) and labels teacher(x), from a generator seeded with seed."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
-    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-        raise ValueError(f"d must be a positive integer, got {d!r}")
+    positive_int(n, "n"), positive_int(d, "d")
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, d, generator=gen)
     return x, teacher(x)
@@ -234,8 +232,7 @@ def teacher_data(teacher: nn.Module, n: int, d: int, seed: int = 0) -> tuple[tor
 
 def product_data(n: int, d: int = 4, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """x uniform on [−1, 1]ᵈ, shape (n, d), and y = x₁x₂, shape (n, 1)."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
+    positive_int(n, "n")
     if isinstance(d, bool) or not isinstance(d, int) or d < 2:
         raise ValueError(f"d must be an integer >= 2 (the target uses x₁ and x₂), got {d!r}")
     gen = torch.Generator().manual_seed(seed)
@@ -312,8 +309,7 @@ def matrix_of_quadratic_form(score, d: int, dtype=torch.float64) -> torch.Tensor
     S_ik = (score(e_i + e_k) − score(e_i) − score(e_k)) / 2. Correct whenever score is a
     quadratic form; no check is made that it is one.
     """
-    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-        raise ValueError(f"d must be a positive integer, got {d!r}")
+    positive_int(d, "d")
     eye = torch.eye(d, dtype=dtype)
     i, k = torch.triu_indices(d, d, offset=1)
     diag = score(eye)  # (d,) or (d, k)
@@ -347,8 +343,7 @@ def compare_on_product(
     ``{"key_value": [...], "bilinear": [...]}``; also the parameter counts under
     ``"key_value_params"`` and ``"bilinear_params"`` (one number each, in a list).
     """
-    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-        raise ValueError(f"width must be a positive integer, got {width!r}")
+    positive_int(width, "width")
     seeds = list(seeds)
     if not seeds:
         raise ValueError("seeds must hold at least one seed")

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from . import functional as _fn
+from ._checks import positive_int as _positive_int
 from .activations import Activation, get_activation
 
 __all__ = [
@@ -39,12 +40,6 @@ __all__ = [
     "SymmetricBilinearMLP",
     "GatedMLP",
 ]
-
-
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
 
 
 class _QKMLPBase(nn.Module):
@@ -212,9 +207,7 @@ class _RankRBase(_QKMLPBase):
 
     def __init__(self, d_model, d_hidden, d_out, rank, activation, device, dtype):
         super().__init__(d_model, d_hidden, d_out, activation)
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-            raise ValueError(f"rank must be an integer >= 1, got {rank!r}")
-        self.rank = rank
+        self.rank = _positive_int(rank, "rank")
         self.fused = True
         fk = {"device": device, "dtype": dtype}
         self.query_key = nn.Parameter(torch.empty(2, self.d_hidden, rank, self.d_model, **fk))

@@ -24,6 +24,7 @@ from typing import Optional
 
 import torch
 
+from ._checks import positive_int
 from .layers import BilinearAttentionMLP, SymmetricBilinearMLP
 
 __all__ = [
@@ -248,8 +249,7 @@ def fit_factors(
     _check_square(A)
     d = A.shape[-1]
     r = _check_rank(rank, d)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    positive_int(steps, "steps")
     S = symmetric_part(A.detach().to(torch.float64))
     gen = torch.Generator().manual_seed(seed)
     scale = (S.square().mean() + 1e-30).sqrt().item() ** 0.5

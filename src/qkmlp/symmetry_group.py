@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ._checks import positive_int
 from .costs import _LAYERS, parameter_count
 from .layers import (
     BilinearAttentionMLP,
@@ -138,8 +139,7 @@ def measure_symmetry(
     P = parameter_count(layer)
     if n_inputs is None:
         n_inputs = 2 * P + 20
-    if isinstance(n_inputs, bool) or not isinstance(n_inputs, int) or n_inputs < 1:
-        raise ValueError(f"n_inputs must be a positive integer, got {n_inputs!r}")
+    positive_int(n_inputs, "n_inputs")
     layer64 = copy.deepcopy(layer).to(device="cpu", dtype=torch.float64)   # jacobian() unfuses it
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n_inputs, layer.d_model, generator=gen, dtype=torch.float64)
@@ -175,8 +175,7 @@ def symmetry_dimension(layer: nn.Module, **kwargs) -> int:
 
 def _require_positive_ints(**kwargs) -> None:
     for name, v in kwargs.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        positive_int(v, name)
 
 
 def low_rank_dimension(rows: int, cols: int, rank: int) -> int:

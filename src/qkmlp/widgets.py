@@ -29,6 +29,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from ._checks import positive_int
 from .activations import activation_names, get_activation
 from .layers import GatedMLP, SymmetricBilinearMLP
 from .symmetry import (
@@ -83,8 +84,7 @@ def default_alphas(max_alpha: float = 4.0, steps_per_octave: int = 4) -> list[fl
     """
     if not (math.isfinite(max_alpha) and max_alpha >= 1):
         raise ValueError(f"max_alpha must be a finite number >= 1, got {max_alpha!r}")
-    if isinstance(steps_per_octave, bool) or not isinstance(steps_per_octave, int) or steps_per_octave < 1:
-        raise ValueError(f"steps_per_octave must be a positive integer, got {steps_per_octave!r}")
+    positive_int(steps_per_octave, "steps_per_octave")
     kmax = int(math.floor(math.log2(max_alpha) * steps_per_octave + 1e-9))
     pos = [2.0 ** (k / steps_per_octave) for k in range(-kmax, kmax + 1)]
     return [-a for a in reversed(pos)] + pos

@@ -18,6 +18,7 @@ from typing import Optional
 
 from torch import nn
 
+from .._checks import positive_int
 from ..layers import GatedMLP, KeyValueMLP, SymmetricBilinearMLP
 
 __all__ = ["Family", "FAMILIES", "family_names", "get_family", "hidden_width", "make_layer", "kv_budget"]
@@ -80,16 +81,14 @@ def get_family(name) -> Family:
 def kv_budget(d_in: int, d_out: int, m_kv: int) -> int:
     """Parameter budget B = m_kv (d_in + d_out): the key-value MLP of width m_kv."""
     for v, n in ((d_in, "d_in"), (d_out, "d_out"), (m_kv, "m_kv")):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{n} must be a positive integer, got {v!r}")
+        positive_int(v, n)
     return m_kv * (d_in + d_out)
 
 
 def hidden_width(family, d_in: int, d_out: int, budget: int) -> int:
     """The width m whose parameter count m (rows_per_slot·d_in + d_out) is closest to ``budget``."""
     fam = get_family(family)
-    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
-        raise ValueError(f"budget must be a positive integer, got {budget!r}")
+    positive_int(budget, "budget")
     per_unit = fam.rows_per_slot * d_in + d_out
     return max(1, round(budget / per_unit))
 
