@@ -271,6 +271,17 @@ def fit_factors(
     return q.detach().to(A.dtype), k.detach().to(A.dtype)
 
 
+def _symmetric_layer(layer: BilinearAttentionMLP, q: torch.Tensor, k: torch.Tensor) -> SymmetricBilinearMLP:
+    """The SymmetricBilinearMLP with factors q, k (m, r, d) and ``layer``'s values and σ."""
+    w = layer.value
+    out = SymmetricBilinearMLP(layer.d_model, layer.d_hidden, layer.d_out, rank=q.shape[1],
+                               activation=layer.activation, device=w.device, dtype=w.dtype)
+    out.query.copy_(q)
+    out.key.copy_(k)
+    out.value.copy_(w)
+    return out
+
+
 def _check_dense(layer) -> None:
     if not isinstance(layer, BilinearAttentionMLP):
         raise TypeError(f"expected a BilinearAttentionMLP, got {type(layer).__name__}")
@@ -288,13 +299,7 @@ def truncated_layer(layer: BilinearAttentionMLP, rank: int, *, method: str = "ba
     if method not in makers:
         raise ValueError(f"method must be one of {', '.join(makers)}, got {method!r}")
     q, k = makers[method](layer.interaction, rank)
-    w = layer.value
-    out = SymmetricBilinearMLP(layer.d_model, layer.d_hidden, layer.d_out, rank=rank,
-                               activation=layer.activation, device=w.device, dtype=w.dtype)
-    out.query.copy_(q)
-    out.key.copy_(k)
-    out.value.copy_(w)
-    return out
+    return _symmetric_layer(layer, q, k)
 
 
 @torch.no_grad()
@@ -302,10 +307,4 @@ def exact_layer(layer: BilinearAttentionMLP) -> SymmetricBilinearMLP:
     """The rank-d :class:`SymmetricBilinearMLP` equal to a dense layer (:func:`identity_factors`)."""
     _check_dense(layer)
     q, k = identity_factors(layer.interaction)
-    w = layer.value
-    out = SymmetricBilinearMLP(layer.d_model, layer.d_hidden, layer.d_out, rank=layer.d_model,
-                               activation=layer.activation, device=w.device, dtype=w.dtype)
-    out.query.copy_(q)
-    out.key.copy_(k)
-    out.value.copy_(w)
-    return out
+    return _symmetric_layer(layer, q, k)
