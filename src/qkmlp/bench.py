@@ -475,15 +475,10 @@ def run(suites=("headline", "rank", "size"), *, device="cpu", dtype=None, sizes:
     if reps:
         kw["reps"] = reps
     if "headline" in suites:
-        if cuda:
-            d, m = sizes.get("d", 4096), sizes.get("m", 11008)
-            ns = sizes.get("ns", (1, 128, 2048, 8192))
-            res["suites"]["headline"] = [bench_headline(d, m, n, compile_backend=compile_backend, **kw)
-                                         for n in ns]
-        else:
-            res["suites"]["headline"] = [bench_headline(sizes.get("d", 512), sizes.get("m", 1376), n,
-                                                        compile_backend=compile_backend, **kw)
-                                         for n in sizes.get("ns", (2048,))]
+        d, m, ns = (4096, 11008, (1, 128, 2048, 8192)) if cuda else (512, 1376, (2048,))
+        res["suites"]["headline"] = [
+            bench_headline(sizes.get("d", d), sizes.get("m", m), n, compile_backend=compile_backend, **kw)
+            for n in sizes.get("ns", ns)]
     if "rank" in suites:
         res["suites"]["rank"] = bench_rank(sizes.get("rank_d", 512), sizes.get("rank_m", 344),
                                            sizes.get("rank_n", 256), **kw)
