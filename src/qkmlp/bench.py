@@ -8,8 +8,8 @@ candidate, then the next round) and reporting medians, so that load from other
 processes hits every candidate alike:
 
 - ``headline``: at one size (default d = 512, m = 1376, N = 2048, float32 on CPU),
-  the bare GEMMs x·[Q;K]ᵀ and h·V (the floor; for forward + backward, those two and the
-  four GEMMs of backward), a Llama-style MLP of three ``nn.Linear``
+  the bare GEMMs x·Qᵀ, x·Kᵀ and h·V (the floor; for forward + backward, those and the
+  GEMMs of backward: dh, dW_qk by halves, dx, dV), a Llama-style MLP of three ``nn.Linear``
   ``down(silu(gate(x)) * up(x))``, Liger-Kernel's SwiGLU when importable, and the rank-1
   ``GatedMLP`` and ``SymmetricBilinearMLP``: forward, forward + backward, and the bytes
   saved for backward (measured with ``torch.autograd.graph.saved_tensors_hooks``).
@@ -253,19 +253,22 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
     gy = torch.randn(n, d, generator=g).to(**fk)
     h = torch.randn(n, m, generator=g).to(**fk)
     w_qk = gated._packed_weight().detach()
+    q, k = w_qk[:m], w_qk[m:]
     v = gated.value.detach()
 
-    gab = torch.randn(n, 2 * m, generator=g).to(**fk)
+    ga, gb = torch.randn(2, n, m, generator=g).to(**fk)
 
-    def floor():                 # the two forward GEMMs of (ch09-eq-two-gemms)
-        x @ w_qk.T
+    def floor():                 # the forward GEMMs of (ch09-eq-two-gemms): [A B] by halves, H·V
+        x @ q.T
+        x @ k.T
         h @ v
 
-    def floor_fwd_bwd():         # ... and the four of backward: dH, dW_qk, dX, dV
+    def floor_fwd_bwd():         # ... and those of backward: dH, dW_qk by halves, dX, dV
         floor()
         gy @ v.T
-        gab.T @ x
-        gab @ w_qk
+        ga.T @ x
+        gb.T @ x
+        (ga @ q).addmm_(gb, k)
         h.T @ gy
 
     mods = {"llama_mlp": (llama, list(llama.parameters())),
