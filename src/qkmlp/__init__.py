@@ -13,7 +13,7 @@ from .layers import (
     StaticQueryMLP,
     SymmetricBilinearMLP,
 )
-from . import costs, symmetry, training
+from . import costs, cpu_kernels, symmetry, training
 
 __version__ = "0.1.0"
 
@@ -28,6 +28,7 @@ __all__ = [
     "SymmetricBilinearMLP",
     "GatedMLP",
     "costs",
+    "cpu_kernels",
     "symmetry",
     "training",
     "__version__",

@@ -11,7 +11,8 @@ processes hits every candidate alike:
   the bare GEMMs x·Qᵀ, x·Kᵀ and h·V (the floor; for forward + backward, those and the
   GEMMs of backward: dh, dW_qk by halves, dx, dV), a Llama-style MLP of three ``nn.Linear``
   ``down(silu(gate(x)) * up(x))``, Liger-Kernel's SwiGLU when importable, and the rank-1
-  ``GatedMLP`` and ``SymmetricBilinearMLP``: forward, forward + backward, and the bytes
+  ``GatedMLP`` and ``SymmetricBilinearMLP`` (with ``--kernels`` also with the opt-in C++
+  kernels of :mod:`qkmlp.cpu_kernels`): forward, forward + backward, and the bytes
   saved for backward (measured with ``torch.autograd.graph.saved_tensors_hooks``).
   A second, independently initialised Llama-style MLP (``llama_mlp_copy``) runs as an
   A/A control: its ratio to the first shows how far two identical workloads drift apart
@@ -42,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import cpu_kernels
 from .layers import BilinearAttentionMLP, GatedMLP, SymmetricBilinearMLP
 
 __all__ = [
@@ -232,15 +234,37 @@ def _fwd_bwd(module_fn, x, params, gy):
     return f
 
 
+class _WithKernels(torch.nn.Module):
+    """A layer whose forward runs with :mod:`qkmlp.cpu_kernels` on (backward follows forward)."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        with cpu_kernels.use(True):
+            return self.layer(x)
+
+
+LAYERS = ("gated_mlp", "symmetric_mlp", "gated_mlp_kernels", "symmetric_mlp_kernels")
+
+
 def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.float32, device="cpu",
-                   reps: int = 21, seed: int = 0, compile_backend: Optional[str] = None) -> dict:
+                   reps: int = 21, seed: int = 0, compile_backend: Optional[str] = None,
+                   kernels: bool = False) -> dict:
     """Floor, Llama-style MLP, (Liger), GatedMLP and SymmetricBilinearMLP at rank 1.
 
     With ``compile_backend`` (e.g. "inductor") every module candidate runs as
     ``torch.compile(module, fullgraph=True, backend=compile_backend)``, compiled before the
-    timing starts; the bare-GEMM floor stays eager.
+    timing starts; the bare-GEMM floor stays eager. With ``kernels`` (CPU, eager) the same
+    two layers also run with the opt-in C++ kernels of :mod:`qkmlp.cpu_kernels`, as
+    ``gated_mlp_kernels`` and ``symmetric_mlp_kernels``.
     """
     device = torch.device(device)
+    if kernels and (device.type != "cpu" or compile_backend):
+        raise ValueError("kernels=True needs device='cpu' and no compile_backend (the kernels are eager CPU code)")
+    if kernels and not cpu_kernels.available():
+        raise RuntimeError(f"qkmlp.cpu_kernels could not be built: {cpu_kernels.build_error()}")
     load_start = _loadavg()
     g = torch.Generator(device="cpu").manual_seed(seed)
     fk = {"device": device, "dtype": dtype}
@@ -253,14 +277,14 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
     gy = torch.randn(n, d, generator=g).to(**fk)
     h = torch.randn(n, m, generator=g).to(**fk)
     w_qk = gated._packed_weight().detach()
-    q, k = w_qk[:m], w_qk[m:]
+    w_q, w_k = w_qk[:m], w_qk[m:]
     v = gated.value.detach()
 
     ga, gb = torch.randn(2, n, m, generator=g).to(**fk)
 
     def floor():                 # the forward GEMMs of (ch09-eq-two-gemms): [A B] by halves, H·V
-        x @ q.T
-        x @ k.T
+        x @ w_q.T
+        x @ w_k.T
         h @ v
 
     def floor_fwd_bwd():         # ... and those of backward: dH, dW_qk by halves, dX, dV
@@ -268,13 +292,17 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
         gy @ v.T
         ga.T @ x
         gb.T @ x
-        (ga @ q).addmm_(gb, k)
+        (ga @ w_q).addmm_(gb, w_k)
         h.T @ gy
 
     mods = {"llama_mlp": (llama, list(llama.parameters())),
             "llama_mlp_copy": (llama_copy, list(llama_copy.parameters())),
             "gated_mlp": (gated, list(gated.parameters())),
             "symmetric_mlp": (sym, list(sym.parameters()))}
+    if kernels:
+        mods["gated_mlp_kernels"] = (_WithKernels(gated), list(gated.parameters()))
+        mods["symmetric_mlp_kernels"] = (_WithKernels(sym), list(sym.parameters()))
+    layers = [k for k in LAYERS if k in mods]
     fwd = {"floor_gemms": floor}
     liger = _liger_swiglu(llama) if device.type == "cuda" else None
     if liger is not None:
@@ -302,7 +330,7 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
     med_f = {k: t["median_s"] for k, t in t_fwd.items()}
     med_b = {k: t["median_s"] for k, t in t_fb.items()}
     ratios, ratios_of_minima = {}, {}
-    for k in ("gated_mlp", "symmetric_mlp"):
+    for k in layers:
         ratios[k] = {
             "fwd_vs_floor": med_f[k] / med_f["floor_gemms"],
             "fwd_vs_llama": med_f[k] / med_f["llama_mlp"],
@@ -322,24 +350,25 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
         return paired_ratio(table[k]["times_s"], table[other]["times_s"])
 
     paired = {}
-    for k in ("gated_mlp", "symmetric_mlp", "llama_mlp_copy", "llama_mlp"):
+    for k in (*layers, "llama_mlp_copy", "llama_mlp"):
         paired[k] = {"fwd_vs_floor": pr(k, "floor_gemms", t_fwd),
                      "fwd_bwd_vs_floor": pr(k, "floor_gemms", t_fb)}
         if k != "llama_mlp":
             paired[k]["fwd_vs_llama"] = pr(k, "llama_mlp", t_fwd)
             paired[k]["fwd_bwd_vs_llama"] = pr(k, "llama_mlp", t_fb)
-        if "liger_swiglu" in t_fwd and k in ("gated_mlp", "symmetric_mlp"):
+        if "liger_swiglu" in t_fwd and k in layers:
             paired[k]["fwd_vs_liger"] = pr(k, "liger_swiglu", t_fwd)
             paired[k]["fwd_bwd_vs_liger"] = pr(k, "liger_swiglu", t_fb)
     verdicts = {}
-    for k in ("gated_mlp", "symmetric_mlp"):
+    for k in layers:
         verdicts[k] = {key: verdict(p["lo"], p["hi"], TARGETS[key])
                        for key, p in paired[k].items() if key in TARGETS}
         sb = ratios[k]["saved_bytes_vs_llama"]          # exact, so lo = hi
         verdicts[k]["saved_bytes_vs_llama"] = verdict(sb, sb, TARGETS["saved_bytes_vs_llama"])
     return {
         "config": {"d": d, "m": m, "n": n, "dtype": str(dtype).replace("torch.", ""), "device": str(device),
-                   "reps_fwd": reps, "reps_fwd_bwd": reps, "compile_backend": compile_backend},
+                   "reps_fwd": reps, "reps_fwd_bwd": reps, "compile_backend": compile_backend,
+                   "kernels": kernels},
         "forward": t_fwd, "forward_backward": t_fb, "saved_bytes": mem, "ratios": ratios,
         "ratios_of_minima": ratios_of_minima, "paired_ratios": paired, "verdicts": verdicts,
         "loadavg_start": load_start, "loadavg_end": _loadavg(),
@@ -464,10 +493,11 @@ def machine_info(device="cpu") -> dict:
 
 
 def run(suites=("headline", "rank", "size"), *, device="cpu", dtype=None, sizes: Optional[dict] = None,
-        reps: Optional[int] = None, compile_backend: Optional[str] = None) -> dict:
+        reps: Optional[int] = None, compile_backend: Optional[str] = None, kernels: bool = False) -> dict:
     """Run the chosen suites. CUDA defaults to the Llama-7B sizes in bfloat16.
 
-    ``compile_backend`` applies to the headline suite only (see :func:`bench_headline`).
+    ``compile_backend`` and ``kernels`` apply to the headline suite only (see
+    :func:`bench_headline`).
     """
     dev = torch.device(device)
     cuda = dev.type == "cuda"
@@ -480,7 +510,8 @@ def run(suites=("headline", "rank", "size"), *, device="cpu", dtype=None, sizes:
     if "headline" in suites:
         d, m, ns = (4096, 11008, (1, 128, 2048, 8192)) if cuda else (512, 1376, (2048,))
         res["suites"]["headline"] = [
-            bench_headline(sizes.get("d", d), sizes.get("m", m), n, compile_backend=compile_backend, **kw)
+            bench_headline(sizes.get("d", d), sizes.get("m", m), n, compile_backend=compile_backend,
+                           kernels=kernels, **kw)
             for n in sizes.get("ns", ns)]
     if "rank" in suites:
         res["suites"]["rank"] = bench_rank(sizes.get("rank_d", 512), sizes.get("rank_m", 344),
@@ -525,14 +556,14 @@ def format_report(res: dict) -> str:
         comp = f", torch.compile backend {c['compile_backend']}" if c.get("compile_backend") else ""
         lines += ["", f"headline: d={c['d']} m={c['m']} N={c['n']} {c['dtype']} on {c['device']}{comp} "
                       f"(medians of {c['reps_fwd']} / {c['reps_fwd_bwd']} interleaved reps{la})",
-                  f"{'candidate':16s} {'fwd ms':>9s} {'fwd+bwd ms':>11s} {'saved MiB':>10s} "
+                  f"{'candidate':21s} {'fwd ms':>9s} {'fwd+bwd ms':>11s} {'saved MiB':>10s} "
                   f"{'page faults fwd, fwd+bwd':>25s}"]
         for k, t in hl["forward"].items():
             fb = hl["forward_backward"].get(k)
             sb = hl["saved_bytes"].get(k)
             pf = [x.get("page_faults") for x in (t, fb or {})]
             pf_s = ", ".join("-" if x is None else f"{x:.0f}" for x in pf)
-            lines.append(f"{k:16s} {_ms(t['median_s'])} {(_ms(fb['median_s']) if fb else '-'):>11s} "
+            lines.append(f"{k:21s} {_ms(t['median_s'])} {(_ms(fb['median_s']) if fb else '-'):>11s} "
                          f"{(f'{sb / 2**20:10.1f}' if sb is not None else '-'):>10s} {pf_s:>25s}")
         for k, r in hl["ratios"].items():
             lines.append(f"{k}: " + ", ".join(f"{n} {v:.3f}" for n, v in r.items()))
@@ -574,6 +605,8 @@ def main(argv=None) -> dict:
     p.add_argument("--reps", type=int, default=None, help="interleaved repetitions")
     p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                    help="headline suite: torch.compile every module (backend, default inductor)")
+    p.add_argument("--kernels", action="store_true",
+                   help="headline suite: also time the layers with the opt-in C++ kernels (qkmlp.cpu_kernels)")
     p.add_argument("--tiny", action="store_true", help="tiny sizes: checks the code runs, measures nothing useful")
     p.add_argument("--json", default=None, help="write the results with provenance to this JSON file")
     a = p.parse_args(argv)
@@ -589,7 +622,7 @@ def main(argv=None) -> dict:
         sizes["ns"] = tuple(a.n)
     dtype = getattr(torch, a.dtype) if a.dtype else None
     res = run(tuple(a.suite or ("headline", "rank", "size")), device=a.device, dtype=dtype, sizes=sizes,
-              reps=a.reps or (3 if a.tiny else None), compile_backend=a.compile)
+              reps=a.reps or (3 if a.tiny else None), compile_backend=a.compile, kernels=a.kernels)
     res["command"] = "python -m qkmlp.bench " + " ".join(sys.argv[1:] if argv is None else argv)
     print(format_report(res))
     if a.json:

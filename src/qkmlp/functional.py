@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from . import cpu_kernels
 from .activations import ACTIVATIONS, Activation
 
 __all__ = [
@@ -168,8 +169,15 @@ def _act_into(name: str, z: torch.Tensor) -> torch.Tensor:
     return f(z) if f is not None else ACTIVATIONS[name](z)
 
 
+def _kernel(name: str, r: int, *ts: torch.Tensor) -> bool:
+    """Whether the opt-in C++ kernels (:mod:`qkmlp.cpu_kernels`) take this elementwise middle."""
+    return r == 1 and cpu_kernels.applies(name, *ts) and _eager()
+
+
 def _gated_hidden(name: str, ab: torch.Tensor, m: int, r: int, cdt, *, scratch: bool) -> torch.Tensor:
     """h = Σ_s σ(a_s) b_s, (N, m); overwrites ab when ``scratch`` (inference)."""
+    if _kernel(name, r, ab):
+        return cpu_kernels.gated_forward(ab[0], ab[1], name, out=ab[0] if scratch else None)
     a, b = _split(ab, m, r, cdt, upcast_b=False)
     own = scratch or ab.dtype != cdt   # may overwrite a: ab is scratch, or a is an upcast copy
     if own:
@@ -184,6 +192,8 @@ def _gated_hidden(name: str, ab: torch.Tensor, m: int, r: int, cdt, *, scratch: 
 
 def _symmetric_hidden(name: str, ab: torch.Tensor, m: int, r: int, cdt, *, scratch: bool) -> torch.Tensor:
     """h = σ(Σ_s a_s b_s), (N, m); overwrites ab when ``scratch`` (inference)."""
+    if _kernel(name, r, ab):
+        return cpu_kernels.symmetric_forward(ab[0], ab[1], name, out=ab[0] if scratch else None)
     a, b = _split(ab, m, r, cdt, upcast_b=False)
     if r == 1:
         p = a.mul_(b) if (scratch or ab.dtype != cdt) else a * b
@@ -288,6 +298,20 @@ def _backward_without_fusion(ctx, grad_y, reference):
     return None
 
 
+def _kernel_backward(ctx, kernel, grad_y, a, b):
+    """The rank-1 backward through a fused C++ kernel: dh = dy·Vᵀ into the b half of d[a; b],
+    then one pass writes d[a; b] and h. None when the kernels do not apply."""
+    if not (ctx.kernel and _eager() and a.dtype == grad_y.dtype and _can_write_into(grad_y, a, b)):
+        return None
+    x, w_qk, value, _ = ctx.saved_tensors
+    n, m = x.shape[0], ctx.m
+    gab, grad_a, grad_b = _grad_buffer(n, m, 1, a)
+    torch.mm(grad_y, value.T, out=gab[1])                                # dh
+    h = torch.empty(n, m, dtype=a.dtype, device=a.device)
+    kernel(a, b, grad_b, grad_a, h, ctx.name)
+    return (*_weight_grads(ctx, gab, x, w_qk, h, grad_y, value), None, None, None)
+
+
 def _unpack_saved(ctx):
     """The saved x, W_qk, V and the pre-activations a, b (N, m, r) in the compute dtype,
     with m, r, the input dtype and the compute dtype: what every backward/jvp starts from."""
@@ -316,6 +340,7 @@ class _FusedBase(torch.autograd.Function):
         ctx.save_for_backward(x, w_qk, value, ab)
         ctx.save_for_forward(x, w_qk, value, ab)
         ctx.name, ctx.m, ctx.r = name, m, r
+        ctx.kernel = _kernel(name, r, x)   # decided at forward time: backward follows it
 
 
 class GatedFn(_FusedBase):
@@ -336,6 +361,9 @@ class GatedFn(_FusedBase):
         if done is not None:
             return done
         x, w_qk, value, a, b, m, r, dt, cdt = _unpack_saved(ctx)
+        done = _kernel_backward(ctx, cpu_kernels.gated_backward, grad_y, a, b)
+        if done is not None:
+            return done
         n = x.shape[0]
         s = ACTIVATIONS[ctx.name](a)                            # σ(a), recomputed
         if r == 1 and dt == cdt and _can_write_into(grad_y, a, b):
@@ -378,6 +406,9 @@ class SymmetricFn(_FusedBase):
         if done is not None:
             return done
         x, w_qk, value, a, b, m, r, dt, cdt = _unpack_saved(ctx)
+        done = _kernel_backward(ctx, cpu_kernels.symmetric_backward, grad_y, a, b)
+        if done is not None:
+            return done
         n = x.shape[0]
         p = _sum_rank(a * b)                                   # score, recomputed (N, m)
         s = ACTIVATIONS[ctx.name](p)                           # h = σ(p), recomputed
