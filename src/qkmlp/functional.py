@@ -1,6 +1,6 @@
 """Fast paths of the factored layers: two GEMMs, a fused elementwise middle, lean memory.
 
-Both factored forms compute, for a batch x of shape (N, d),
+Both factored forms compute, for a batch x of shape (N, d)::
 
     a, b = x @ Qᵀ, x @ Kᵀ          W_qk = [Q; K] packed as (2·m·r, d); [a; b] is one
                                    (2, N, mr) buffer, a and b viewed as (N, m, r)
@@ -19,7 +19,9 @@ float32 (``compute_dtype``). The activation's derivative is PyTorch's own fused 
 kernel (``silu_backward``, ``gelu_backward``, ...) for every registered activation
 (``FUSED_ACTIVATIONS``); a layer with any other callable uses the
 plain autograd path (:func:`gated_reference`, :func:`symmetric_reference`), which is also
-what the tests compare against.
+what the tests compare against. With :mod:`qkmlp.cpu_kernels` enabled, the rank-1
+elementwise middle on CPU runs as one fused C++ pass instead (forward and backward; the
+choice is made at forward time and recorded on ``ctx``).
 """
 from __future__ import annotations
 
