@@ -35,7 +35,11 @@ _CODE = {name: i for i, name in enumerate(KERNEL_ACTIVATIONS)}
 
 _SOURCE = Path(__file__).with_name("csrc") / "fused_mlp.cpp"
 # -ffast-math lets gcc call glibc's vectorised exp/erf (libmvec); NaN is tested on the bits.
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
+_FLAGS = ["-O3", "-fopenmp", "-ffast-math"]
+# Instruction sets from the capability torch itself detected, not -march=native: the build
+# cache may be shared with other machines, so the capability is also part of the name.
+_ISA = {"AVX512": ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma"],
+        "AVX2": ["-mavx2", "-mfma"]}
 
 _ext = None          # the loaded extension module
 _on = False
@@ -47,8 +51,9 @@ def _load():
     if _ext is None and _error is None:
         try:
             from torch.utils.cpp_extension import load
-            _ext = load(name="qkmlp_fused_mlp", sources=[str(_SOURCE)], extra_cflags=_FLAGS,
-                        extra_ldflags=["-fopenmp"], verbose=False)
+            cap = torch.backends.cpu.get_cpu_capability()
+            _ext = load(name=f"qkmlp_fused_mlp_{cap.lower()}", sources=[str(_SOURCE)],
+                        extra_cflags=_FLAGS + _ISA.get(cap, []), extra_ldflags=["-fopenmp"], verbose=False)
         except Exception as e:                       # no compiler, no ninja, build error, ...
             _error = f"{type(e).__name__}: {e}"
     return _ext
