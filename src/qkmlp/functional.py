@@ -412,18 +412,22 @@ class SymmetricFn(_FusedBase):
         if done is not None:
             return done
         n = x.shape[0]
+        if r == 1 and dt == cdt and _can_write_into(grad_y, a, b):
+            # Rank 1, no upcast: p = a·b goes into the a half of d[a; b] and dh = dy·Vᵀ
+            # into the b half; dp = dh·σ'(p) in place over dh, then da = dp·b over p and
+            # db = dp·a over dp. One fresh (2, N, m) buffer besides h = σ(p).
+            gab, grad_a, grad_b = _grad_buffer(n, m, r, a)
+            p = torch.mul(a, b, out=grad_a)                         # score, recomputed
+            s = ACTIVATIONS[ctx.name](p)                            # h = σ(p), recomputed
+            s = p.clone() if s is p else s                          # identity: p is overwritten below
+            torch.mm(grad_y, value.T, out=gab[1])                   # dh
+            _BACKWARD_INTO[ctx.name](grad_b, p, s, grad_b)         # dp
+            torch.mul(grad_b, b, out=grad_a)
+            grad_b.mul_(a)
+            h = s.squeeze(-1)
+            return (*_weight_grads(ctx, gab, x, w_qk, h, grad_y, value), None, None, None)
         p = _sum_rank(a * b)                                   # score, recomputed (N, m)
         s = ACTIVATIONS[ctx.name](p)                           # h = σ(p), recomputed
-        if r == 1 and dt == cdt and _can_write_into(grad_y, a, b):
-            # Rank 1, no upcast: dp = dh·σ'(p) in place in dh = dy·Vᵀ (kept contiguous:
-            # σ' then rounds exactly as out of place), then dp·b, dp·a into d[a; b].
-            grad_p = grad_y @ value.T
-            _BACKWARD_INTO[ctx.name](grad_p, p, s, grad_p)
-            gab, grad_a, grad_b = _grad_buffer(n, m, r, s)
-            grad_p = grad_p.unsqueeze(-1)
-            torch.mul(grad_p, b, out=grad_a)
-            torch.mul(grad_p, a, out=grad_b)
-            return (*_weight_grads(ctx, gab, x, w_qk, s, grad_y, value), None, None, None)
         grad_h = (grad_y @ value.T).to(cdt)
         grad_p = activation_backward(ctx.name, grad_h, p, s).unsqueeze(-1)
         if not _can_write_into(grad_p, a, b):
