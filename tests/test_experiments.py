@@ -267,3 +267,22 @@ def test_report_plots_run(tmp_path):
     assert rows[0]["n"] == 2
     plot_swap(rows, axes[4])
     plt.close(fig)
+
+
+def test_run_shifts_pairs_runs_by_cell_and_seed():
+    from qkmlp.experiments.report import run_shifts
+
+    def res(vals, config=None):
+        runs = [{"family": f, "m_kv": 6, "seed": s, "acc": v} for (f, s), v in vals.items()]
+        return {"config": config or {"steps": 1}, "meta": {"metric": "acc"}, "runs": runs}
+
+    before = res({("a", 0): 0.5, ("a", 1): 0.7, ("b", 0): 0.2})
+    after = res({("b", 0): 0.25, ("a", 1): 0.7, ("a", 0): 0.4})       # other order
+    shifts = run_shifts(before, after)
+    assert shifts == pytest.approx({((("family", "a"), ("m_kv", 6)), 0): 0.1,
+                                    ((("family", "a"), ("m_kv", 6)), 1): 0.0,
+                                    ((("family", "b"), ("m_kv", 6)), 0): 0.05})
+    with pytest.raises(ValueError, match="configurations differ"):
+        run_shifts(before, res({("a", 0): 0.5}, config={"steps": 2}))
+    with pytest.raises(ValueError, match="same cells and seeds"):
+        run_shifts(before, res({("a", 0): 0.5}))

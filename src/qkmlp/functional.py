@@ -251,11 +251,6 @@ def _records_backward() -> bool:
     return torch.is_grad_enabled() and _eager()
 
 
-def _can_write_into(*ts) -> bool:
-    """Whether ``out=`` into views is allowed: eager, and nothing here is differentiated."""
-    return _eager() and not any(t.requires_grad for t in ts)
-
-
 def _grad_buffer(n: int, m: int, r: int, like: torch.Tensor):
     """A (2, N, mr) buffer for d[a; b] and its two halves viewed as (N, m, r)."""
     gab = torch.empty(2, n, m * r, dtype=like.dtype, device=like.device)
@@ -300,18 +295,29 @@ def _backward_without_fusion(ctx, grad_y, reference):
     return None
 
 
-def _kernel_backward(ctx, kernel, grad_y, a, b):
+def _kernel_backward(ctx, kernel, grad_y, x, w_qk, value, a, b):
     """The rank-1 backward through a fused C++ kernel: dh = dy·Vᵀ into the b half of d[a; b],
     then one pass writes d[a; b] and h. None when the kernels do not apply."""
-    if not (ctx.kernel and _eager() and a.dtype == grad_y.dtype and _can_write_into(grad_y, a, b)):
+    if not (ctx.kernel and a.dtype == grad_y.dtype and _out_ok(grad_y, a, b)):
         return None
-    x, w_qk, value, _ = ctx.saved_tensors
     n, m = x.shape[0], ctx.m
     gab, grad_a, grad_b = _grad_buffer(n, m, 1, a)
     torch.mm(grad_y, value.T, out=gab[1])                                # dh
     h = torch.empty(n, m, dtype=a.dtype, device=a.device)
     kernel(a, b, grad_b, grad_a, h, ctx.name)
     return (*_weight_grads(ctx, gab, x, w_qk, h, grad_y, value), None, None, None)
+
+
+def _backward(ctx, grad_y, reference, kernel, rule):
+    """The backward of a fused function: the answers that need no fused rule, else the
+    C++ ``kernel`` where it was chosen at forward time, else ``rule`` in PyTorch ops,
+    called with ``(ctx, grad_y, *_unpack_saved(ctx))``."""
+    done = _backward_without_fusion(ctx, grad_y, reference)
+    if done is not None:
+        return done
+    saved = _unpack_saved(ctx)                  # x, w_qk, value, a, b, m, r, dt, cdt
+    done = _kernel_backward(ctx, kernel, grad_y, *saved[:5])
+    return done if done is not None else rule(ctx, grad_y, *saved)
 
 
 def _unpack_saved(ctx):
@@ -359,37 +365,35 @@ class GatedFn(_FusedBase):
 
     @staticmethod
     def backward(ctx, grad_y, _grad_ab):
-        done = _backward_without_fusion(ctx, grad_y, gated_reference)
-        if done is not None:
-            return done
-        x, w_qk, value, a, b, m, r, dt, cdt = _unpack_saved(ctx)
-        done = _kernel_backward(ctx, cpu_kernels.gated_backward, grad_y, a, b)
-        if done is not None:
-            return done
-        n = x.shape[0]
-        s = ACTIVATIONS[ctx.name](a)                            # σ(a), recomputed
-        if r == 1 and dt == cdt and _can_write_into(grad_y, a, b):
-            # Rank 1, no upcast: dh = dy·Vᵀ goes straight into the b half of d[a; b]
-            # and everything else happens in place, one fresh (N, 2m) buffer in all.
-            gab, grad_a, grad_b = _grad_buffer(n, m, r, s)
-            torch.mm(grad_y, value.T, out=gab[1])                       # dh
-            _BACKWARD_INTO[ctx.name](torch.mul(grad_b, b, out=grad_a), a, s, grad_a)
-            grad_b.mul_(s)                                           # dh·σ(a)
-            h = (s * b if ctx.name == "identity" else s.mul_(b)).squeeze(-1)
-            return (*_weight_grads(ctx, gab, x, w_qk, h, grad_y, value), None, None, None)
-        grad_h = (grad_y @ value.T).to(cdt).unsqueeze(-1)      # (N, m, 1)
-        if not _can_write_into(grad_h, a, b):
-            grad_b = grad_h * s                                     # d/db of σ(a)·b
-            grad_a = activation_backward(ctx.name, grad_h * b, a, s)  # d/da of σ(a)·b
-            gab = torch.stack([grad_a.reshape(n, m * r), grad_b.reshape(n, m * r)])
-        else:   # the same, written straight into the two halves of d[a; b]
-            gab, grad_a, grad_b = _grad_buffer(n, m, r, s)
-            torch.mul(grad_h, s, out=grad_b)
-            _BACKWARD_INTO[ctx.name](torch.mul(grad_h, b, out=grad_a), a, s, grad_a)
-        h = _sum_rank(s * b if ctx.name == "identity" else s.mul_(b)).to(dt)   # h, recomputed
-        gab = gab.to(dt)
-        gx, gw, gv = _weight_grads(ctx, gab, x, w_qk, h, grad_y, value)
-        return gx, gw, gv, None, None, None
+        return _backward(ctx, grad_y, gated_reference, cpu_kernels.gated_backward, _gated_backward)
+
+
+def _gated_backward(ctx, grad_y, x, w_qk, value, a, b, m, r, dt, cdt):
+    """GatedFn's backward in PyTorch ops (see :func:`_backward`)."""
+    n = x.shape[0]
+    s = ACTIVATIONS[ctx.name](a)                            # σ(a), recomputed
+    if r == 1 and dt == cdt and _out_ok(grad_y, a, b):
+        # Rank 1, no upcast: dh = dy·Vᵀ goes straight into the b half of d[a; b]
+        # and everything else happens in place, one fresh (2, N, m) buffer besides σ(a).
+        gab, grad_a, grad_b = _grad_buffer(n, m, r, s)
+        torch.mm(grad_y, value.T, out=gab[1])                       # dh
+        _BACKWARD_INTO[ctx.name](torch.mul(grad_b, b, out=grad_a), a, s, grad_a)
+        grad_b.mul_(s)                                           # dh·σ(a)
+        h = (s * b if ctx.name == "identity" else s.mul_(b)).squeeze(-1)
+        return (*_weight_grads(ctx, gab, x, w_qk, h, grad_y, value), None, None, None)
+    grad_h = (grad_y @ value.T).to(cdt).unsqueeze(-1)      # (N, m, 1)
+    if not _out_ok(grad_h, a, b):
+        grad_b = grad_h * s                                     # d/db of σ(a)·b
+        grad_a = activation_backward(ctx.name, grad_h * b, a, s)  # d/da of σ(a)·b
+        gab = torch.stack([grad_a.reshape(n, m * r), grad_b.reshape(n, m * r)])
+    else:   # the same, written straight into the two halves of d[a; b]
+        gab, grad_a, grad_b = _grad_buffer(n, m, r, s)
+        torch.mul(grad_h, s, out=grad_b)
+        _BACKWARD_INTO[ctx.name](torch.mul(grad_h, b, out=grad_a), a, s, grad_a)
+    h = _sum_rank(s * b if ctx.name == "identity" else s.mul_(b)).to(dt)   # h, recomputed
+    gab = gab.to(dt)
+    gx, gw, gv = _weight_grads(ctx, gab, x, w_qk, h, grad_y, value)
+    return gx, gw, gv, None, None, None
 
 
 class SymmetricFn(_FusedBase):
@@ -404,42 +408,40 @@ class SymmetricFn(_FusedBase):
 
     @staticmethod
     def backward(ctx, grad_y, _grad_ab):
-        done = _backward_without_fusion(ctx, grad_y, symmetric_reference)
-        if done is not None:
-            return done
-        x, w_qk, value, a, b, m, r, dt, cdt = _unpack_saved(ctx)
-        done = _kernel_backward(ctx, cpu_kernels.symmetric_backward, grad_y, a, b)
-        if done is not None:
-            return done
-        n = x.shape[0]
-        if r == 1 and dt == cdt and _can_write_into(grad_y, a, b):
-            # Rank 1, no upcast: p = a·b goes into the a half of d[a; b] and dh = dy·Vᵀ
-            # into the b half; dp = dh·σ'(p) in place over dh, then da = dp·b over p and
-            # db = dp·a over dp. One fresh (2, N, m) buffer besides h = σ(p).
-            gab, grad_a, grad_b = _grad_buffer(n, m, r, a)
-            p = torch.mul(a, b, out=grad_a)                         # score, recomputed
-            s = ACTIVATIONS[ctx.name](p)                            # h = σ(p), recomputed
-            s = p.clone() if s is p else s                          # identity: p is overwritten below
-            torch.mm(grad_y, value.T, out=gab[1])                   # dh
-            _BACKWARD_INTO[ctx.name](grad_b, p, s, grad_b)         # dp
-            torch.mul(grad_b, b, out=grad_a)
-            grad_b.mul_(a)
-            h = s.squeeze(-1)
-            return (*_weight_grads(ctx, gab, x, w_qk, h, grad_y, value), None, None, None)
-        p = _sum_rank(a * b)                                   # score, recomputed (N, m)
-        s = ACTIVATIONS[ctx.name](p)                           # h = σ(p), recomputed
-        grad_h = (grad_y @ value.T).to(cdt)
-        grad_p = activation_backward(ctx.name, grad_h, p, s).unsqueeze(-1)
-        if not _can_write_into(grad_p, a, b):
-            gab = torch.stack([(grad_p * b).reshape(n, m * r), (grad_p * a).reshape(n, m * r)])
-        else:   # the same, written straight into the two halves of d[a; b]
-            gab, grad_a, grad_b = _grad_buffer(n, m, r, grad_p)
-            torch.mul(grad_p, b, out=grad_a)
-            torch.mul(grad_p, a, out=grad_b)
-        gab = gab.to(dt)
-        h = s.to(dt)
-        gx, gw, gv = _weight_grads(ctx, gab, x, w_qk, h, grad_y, value)
-        return gx, gw, gv, None, None, None
+        return _backward(ctx, grad_y, symmetric_reference, cpu_kernels.symmetric_backward, _symmetric_backward)
+
+
+def _symmetric_backward(ctx, grad_y, x, w_qk, value, a, b, m, r, dt, cdt):
+    """SymmetricFn's backward in PyTorch ops (see :func:`_backward`)."""
+    n = x.shape[0]
+    if r == 1 and dt == cdt and _out_ok(grad_y, a, b):
+        # Rank 1, no upcast: p = a·b goes into the a half of d[a; b] and dh = dy·Vᵀ
+        # into the b half; dp = dh·σ'(p) in place over dh, then da = dp·b over p and
+        # db = dp·a over dp. One fresh (2, N, m) buffer besides h = σ(p).
+        gab, grad_a, grad_b = _grad_buffer(n, m, r, a)
+        p = torch.mul(a, b, out=grad_a)                         # score, recomputed
+        s = ACTIVATIONS[ctx.name](p)                            # h = σ(p), recomputed
+        s = p.clone() if s is p else s                          # identity: p is overwritten below
+        torch.mm(grad_y, value.T, out=gab[1])                   # dh
+        _BACKWARD_INTO[ctx.name](grad_b, p, s, grad_b)         # dp
+        torch.mul(grad_b, b, out=grad_a)
+        grad_b.mul_(a)
+        h = s.squeeze(-1)
+        return (*_weight_grads(ctx, gab, x, w_qk, h, grad_y, value), None, None, None)
+    p = _sum_rank(a * b)                                   # score, recomputed (N, m)
+    s = ACTIVATIONS[ctx.name](p)                           # h = σ(p), recomputed
+    grad_h = (grad_y @ value.T).to(cdt)
+    grad_p = activation_backward(ctx.name, grad_h, p, s).unsqueeze(-1)
+    if not _out_ok(grad_p, a, b):
+        gab = torch.stack([(grad_p * b).reshape(n, m * r), (grad_p * a).reshape(n, m * r)])
+    else:   # the same, written straight into the two halves of d[a; b]
+        gab, grad_a, grad_b = _grad_buffer(n, m, r, grad_p)
+        torch.mul(grad_p, b, out=grad_a)
+        torch.mul(grad_p, a, out=grad_b)
+    gab = gab.to(dt)
+    h = s.to(dt)
+    gx, gw, gv = _weight_grads(ctx, gab, x, w_qk, h, grad_y, value)
+    return gx, gw, gv, None, None, None
 
 
 class GatedJvpFn(GatedFn):

@@ -8,11 +8,12 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from .families import get_family
-from .runner import compare, summary
+from .runner import cell_key, compare, summary
 from .stats import mean_sd
 
 __all__ = ["gain", "gated_vs_symmetric", "comparison_rows", "format_rows", "family_color",
-           "plot_final", "plot_curves", "plot_cross_table", "plot_recall", "plot_swap", "swap_rows"]
+           "plot_final", "plot_curves", "plot_cross_table", "plot_recall", "plot_swap", "swap_rows",
+           "run_shifts"]
 
 ACTIVATIONS = ("silu", "gelu", "relu", "identity")
 
@@ -177,3 +178,18 @@ def plot_swap(rows: list[dict], ax):
     ax.set_xticklabels(tasks)
     ax.set_ylabel("‖f(swapped) − f‖ / ‖f‖")
     ax.legend(fontsize=7)
+
+
+def run_shifts(before: dict, after: dict, metric: Optional[str] = None) -> dict:
+    """{(cell key, seed): |after − before|} of ``metric`` for two runs of the same grid.
+
+    Both result dicts (from ``load_results``) must have the same configuration and the same
+    runs (cell and seed); anything else raises, since the runs would not be comparable.
+    """
+    if before["config"] != after["config"]:
+        raise ValueError("expected two runs of the same grid: the configurations differ")
+    metric = metric or after["meta"]["metric"]
+    vals = [{(cell_key(r), r["seed"]): r[metric] for r in res["runs"]} for res in (before, after)]
+    if vals[0].keys() != vals[1].keys():
+        raise ValueError("expected the same cells and seeds in both runs")
+    return {k: abs(vals[1][k] - v) for k, v in vals[0].items()}
