@@ -30,3 +30,13 @@ def gated(x, Q, K, V, act):
         h = sum(act(x @ Q[j, s_]) * (x @ K[j, s_]) for s_ in range(r))
         out = out + h[..., None] * V[j]
     return out
+
+
+def symmetrized(x, Q, K, V, act):
+    m, r, _ = Q.shape
+    out = 0
+    for j in range(m):
+        h = sum(0.5 * (act(x @ Q[j, s_]) * (x @ K[j, s_]) + act(x @ K[j, s_]) * (x @ Q[j, s_]))
+                for s_ in range(r))
+        out = out + h[..., None] * V[j]
+    return out

@@ -59,7 +59,7 @@ def test_declared_linearity_and_oddness(name):
 
 def test_unknown_name_lists_valid_ones():
     with pytest.raises(ValueError) as err:
-        get_activation("swish")
+        get_activation("mish")
     for name in EXPECTED:
         assert name in str(err.value)
 

@@ -13,6 +13,7 @@ from qkmlp import (
     KeyValueMLP,
     StaticQueryMLP,
     SymmetricBilinearMLP,
+    SymmetrizedGatedMLP,
     get_activation,
 )
 
@@ -42,6 +43,8 @@ def reference_output(layer, x):
         return ref.bilinear(x, layer.interaction, layer.value, act)
     if isinstance(layer, SymmetricBilinearMLP):
         return ref.symmetric(x, layer.query, layer.key, layer.value, act)
+    if isinstance(layer, SymmetrizedGatedMLP):
+        return ref.symmetrized(x, layer.query, layer.key, layer.value, act)
     return ref.gated(x, layer.query, layer.key, layer.value, act)
 
 
@@ -53,6 +56,8 @@ ALL = [
     (SymmetricBilinearMLP, 3),
     (GatedMLP, 1),
     (GatedMLP, 3),
+    (SymmetrizedGatedMLP, 1),
+    (SymmetrizedGatedMLP, 3),
 ]
 IDS = [f"{c.__name__}-r{r}" for c, r in ALL]
 
@@ -273,3 +278,42 @@ def test_bad_sizes_are_rejected(bad):
         GatedMLP(D, bad)
     with pytest.raises(ValueError, match="d_out"):
         SymmetricBilinearMLP(D, M, bad)
+
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+@pytest.mark.parametrize("activation", ["silu", "relu", "gelu_tanh"])
+def test_to_linear_computes_the_layer_and_inverts_from_linear(rank, activation):
+    layer = make(GatedMLP, rank, activation)
+    gate, up, down = layer.to_linear()
+    assert all(isinstance(t, nn.Linear) and t.bias is None for t in (gate, up, down))
+    assert gate.weight.shape == up.weight.shape == (M * rank, D) and down.weight.shape == (O, M * rank)
+    x = torch.randn(9, D, dtype=F64)
+    act = get_activation(activation)
+    torch.testing.assert_close(down(act(gate(x)) * up(x)), reference_output(layer, x), rtol=1e-10, atol=1e-12)
+    if rank == 1:
+        back = GatedMLP.from_linear(gate, up, down, activation=activation)
+        for name in ("query", "key", "value"):
+            assert torch.equal(getattr(back, name), getattr(layer, name))
+
+
+@pytest.mark.parametrize("alias,name", [("swish", "silu"), ("gelu_new", "gelu_tanh"),
+                                        ("gelu_pytorch_tanh", "gelu_tanh")])
+def test_hugging_face_activation_names_are_aliases(alias, name):
+    assert get_activation(alias) is get_activation(name)
+    layer = GatedMLP(D, M, activation=alias)
+    assert layer.activation.name == name
+    z = torch.linspace(-6, 6, 101, dtype=F64)
+    # Hugging Face's "gelu_new" written out (transformers.activations.NewGELUActivation)
+    if alias == "gelu_new":
+        hf = 0.5 * z * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (z + 0.044715 * z ** 3)))
+        torch.testing.assert_close(get_activation(alias)(z), hf)
+
+
+def test_symmetrized_gated_is_swap_invariant_and_differs_from_gated():
+    from qkmlp.symmetry import relative_change, swapped
+    layer = make(SymmetrizedGatedMLP, 2, "silu")
+    x = torch.randn(16, D, dtype=F64)
+    assert relative_change(layer, swapped(layer), x) < 1e-14
+    gated = make(GatedMLP, 2, "silu")
+    gated.load_state_dict(layer.state_dict())
+    assert relative_change(gated, layer, x) > 1e-2

@@ -2,16 +2,17 @@
 
 Layers (all map (..., d_model) -> (..., d_out)):
 :class:`KeyValueMLP`, :class:`StaticQueryMLP`, :class:`BilinearAttentionMLP`,
-:class:`SymmetricBilinearMLP`, :class:`GatedMLP`. Activations: :func:`get_activation`.
+:class:`SymmetricBilinearMLP`, :class:`GatedMLP`, :class:`SymmetrizedGatedMLP`. Activations: :func:`get_activation`.
 Symmetry transforms and theorems: :mod:`qkmlp.symmetry`.
 """
-from .activations import ACTIVATIONS, Activation, activation_names, get_activation
+from .activations import ACTIVATIONS, ALIASES, Activation, activation_names, get_activation
 from .layers import (
     BilinearAttentionMLP,
     GatedMLP,
     KeyValueMLP,
     StaticQueryMLP,
     SymmetricBilinearMLP,
+    SymmetrizedGatedMLP,
 )
 from . import costs, cpu_kernels, symmetry, training
 
@@ -19,6 +20,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ACTIVATIONS",
+    "ALIASES",
     "Activation",
     "activation_names",
     "get_activation",
@@ -27,6 +29,7 @@ __all__ = [
     "BilinearAttentionMLP",
     "SymmetricBilinearMLP",
     "GatedMLP",
+    "SymmetrizedGatedMLP",
     "costs",
     "cpu_kernels",
     "symmetry",

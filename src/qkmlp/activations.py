@@ -16,7 +16,7 @@ from typing import Callable, Optional, Union
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Activation", "get_activation", "ACTIVATIONS", "activation_names"]
+__all__ = ["Activation", "get_activation", "ACTIVATIONS", "ALIASES", "activation_names"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,14 @@ ACTIVATIONS: dict[str, Activation] = {
 }
 
 
+#: Hugging Face's names (``config.hidden_act``) for the same functions.
+ALIASES: dict[str, str] = {
+    "swish": "silu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+}
+
+
 def activation_names() -> list[str]:
     """The registered activation names, in registry order."""
     return list(ACTIVATIONS)
@@ -74,6 +82,9 @@ def get_activation(
 ) -> Activation:
     """Return the :class:`Activation` for a registry name, or wrap a callable.
 
+    Hugging Face's names ``swish``, ``gelu_new`` and ``gelu_pytorch_tanh`` are aliases
+    (:data:`ALIASES`): they return the registered ``silu`` and ``gelu_tanh`` objects.
+
     A plain callable has unknown properties; the keyword arguments declare them (they
     default to the conservative "no symmetry": not linear, not homogeneous, not odd).
     They are ignored for registry names and :class:`Activation` instances.
@@ -85,11 +96,11 @@ def get_activation(
         return activation
     if isinstance(activation, str):
         try:
-            return ACTIVATIONS[activation]
+            return ACTIVATIONS[ALIASES.get(activation, activation)]
         except KeyError:
             raise ValueError(
                 f"unknown activation {activation!r}; expected one of "
-                f"{', '.join(ACTIVATIONS)} or a callable"
+                f"{', '.join(ACTIVATIONS)} (aliases: {', '.join(ALIASES)}) or a callable"
             ) from None
     if callable(activation):
         name = getattr(activation, "__name__", None) or type(activation).__name__

@@ -42,6 +42,7 @@ __all__ = [
     "symmetric",
     "gated_reference",
     "symmetric_reference",
+    "symmetrized_reference",
     "GatedFn",
     "SymmetricFn",
     "GatedJvpFn",
@@ -529,3 +530,11 @@ def symmetric_reference(x, w_qk, value, activation: Callable, m: int, r: int) ->
     cdt = compute_dtype(x.dtype)
     a, b = _split(_project(x, w_qk), m, r, cdt)
     return activation(_sum_rank(a * b)).to(x.dtype) @ value
+
+
+def symmetrized_reference(x, w_qk, value, activation: Callable, m: int, r: int) -> torch.Tensor:
+    """Plain-autograd symmetrised gated path: Σ_s ½[σ(a_s) b_s + σ(b_s) a_s] per slot
+    (any callable σ; elementwise math in float32 for halves)."""
+    cdt = compute_dtype(x.dtype)
+    a, b = _split(_project(x, w_qk), m, r, cdt)
+    return (0.5 * _sum_rank(activation(a) * b + activation(b) * a)).to(x.dtype) @ value

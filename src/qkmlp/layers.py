@@ -39,6 +39,7 @@ __all__ = [
     "BilinearAttentionMLP",
     "SymmetricBilinearMLP",
     "GatedMLP",
+    "SymmetrizedGatedMLP",
 ]
 
 
@@ -264,7 +265,7 @@ class _RankRBase(_QKMLPBase):
             # Autocast: GEMMs in the autocast dtype, elementwise math still in float32.
             dt = torch.get_autocast_dtype(dev)
             x2, w, v = x2.to(dt), w.to(dt), v.to(dt)
-        if self.fused and _fn.supports_fused(self.activation):
+        if self.fused and type(self)._fused_fn is not None and _fn.supports_fused(self.activation):
             y = type(self)._fused_fn(x2, w, v, self.activation.name, self.d_hidden, self.rank)
         else:
             y = type(self)._reference_fn(x2, w, v, self.activation, self.d_hidden, self.rank)
@@ -343,3 +344,39 @@ class GatedMLP(_RankRBase):
         layer.key.copy_(up_proj.weight.unsqueeze(1))
         layer.value.copy_(down_proj.weight.T)
         return layer
+
+    @torch.no_grad()
+    def to_linear(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
+        """``(gate_proj, up_proj, down_proj)``: bias-free ``nn.Linear``s with
+        ``down(σ(gate(x)) * up(x))`` equal to this layer; the inverse of :meth:`from_linear`.
+
+        Rank r gives m·r hidden units: unit j·r + s has gate q_{j,s}, up k_{j,s} and the
+        down column v_j (each value repeated r times). Shapes: gate and up (m·r, d),
+        down (d_out, m·r). The weights are copies, on this layer's device and dtype.
+        """
+        m, r, d = self.d_hidden, self.rank, self.d_model
+        fk = {"device": self.value.device, "dtype": self.value.dtype}
+        gate = nn.Linear(d, m * r, bias=False, **fk)
+        up = nn.Linear(d, m * r, bias=False, **fk)
+        down = nn.Linear(m * r, self.d_out, bias=False, **fk)
+        gate.weight.copy_(self.query.reshape(m * r, d))
+        up.weight.copy_(self.key.reshape(m * r, d))
+        down.weight.copy_(self.value.repeat_interleave(r, dim=0).T)
+        return gate, up, down
+
+
+class SymmetrizedGatedMLP(_RankRBase):
+    """The q ↔ k-symmetrised gated MLP: Σ_j [Σ_s ½(σ(x·q_{j,s})(x·k_{j,s})
+    + σ(x·k_{j,s})(x·q_{j,s}))] v_j.
+
+    The exact exchange-symmetric control of :class:`GatedMLP`: the same σ on the same
+    linear forms and the same parameters, averaged over the swap q ↔ k, so swapping
+    changes nothing for every σ. Same constructor and weights as :class:`GatedMLP`.
+    Its forward pass is the plain formula in autograd (no fused path).
+    """
+
+    def __init__(self, d_model, d_hidden, d_out=None, *, rank=1, activation="silu", device=None, dtype=None):
+        super().__init__(d_model, d_hidden, d_out, rank, activation, device, dtype)
+
+    _fused_fn = None
+    _reference_fn = staticmethod(_fn.symmetrized_reference)

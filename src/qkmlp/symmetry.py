@@ -26,6 +26,7 @@ from .layers import (
     GatedMLP,
     StaticQueryMLP,
     SymmetricBilinearMLP,
+    SymmetrizedGatedMLP,
 )
 
 __all__ = [
@@ -39,7 +40,9 @@ __all__ = [
     "scalar_rescaling_commutes",
 ]
 
-_FACTORED = (SymmetricBilinearMLP, GatedMLP)
+_FACTORED = (SymmetricBilinearMLP, GatedMLP, SymmetrizedGatedMLP)
+# σ on single linear forms: the scaling and gauge rules of the gated form apply
+_GATED = (GatedMLP, SymmetrizedGatedMLP)
 
 
 def _clone(layer):
@@ -164,8 +167,9 @@ def scalar_rescaling_commutes(activation: Activation, alpha) -> bool:
 def swap_is_symmetry(layer) -> bool:
     """Whether q ↔ k must leave the layer's function unchanged.
 
-    Symmetric and dense forms: always (x A xᵀ = x Aᵀ xᵀ). Gated form: iff σ is linear
-    (σ(a)b = σ(b)a for all a, b forces σ(z) = cz).
+    Symmetric, symmetrised and dense forms: always (x A xᵀ = x Aᵀ xᵀ; the symmetrised
+    form is the average over the swap). Gated form: iff σ is linear (σ(a)b = σ(b)a for
+    all a, b forces σ(z) = cz).
     """
     _require(layer, (*_FACTORED, BilinearAttentionMLP), "swap_is_symmetry")
     if isinstance(layer, GatedMLP):
@@ -179,10 +183,11 @@ def rescaling_is_symmetry(layer, alpha) -> bool:
     Symmetric form and static query: for every σ and every α ≠ 0. Gated form: iff
     σ(αz) = ασ(z) (:func:`scalar_rescaling_commutes`): every α > 0 for ReLU and leaky
     ReLU, α = −1 for odd σ (tanh), every α for linear σ; for degree-p homogeneous σ the
-    output is multiplied by α^(p−1).
+    output is multiplied by α^(p−1). The symmetrised gated form follows the gated rule
+    (each of its two terms is a gated term, one with α, one with 1/α).
     """
     _require(layer, (*_FACTORED, StaticQueryMLP), "rescaling_is_symmetry")
-    if isinstance(layer, GatedMLP):
+    if isinstance(layer, _GATED):
         return scalar_rescaling_commutes(layer.activation, alpha)
     _check_alpha(alpha)
     return True
@@ -193,7 +198,8 @@ def gauge_is_symmetry(layer, G, *, atol: float = 1e-12) -> bool:
 
     Symmetric form: every invertible G. Gated form with linear σ: every G. Otherwise the
     gated form keeps only G = P·D per slot (P a permutation of the rank components, D
-    diagonal) with every diagonal entry δ satisfying σ(δz) = δσ(z).
+    diagonal) with every diagonal entry δ satisfying σ(δz) = δσ(z). The symmetrised
+    gated form follows the gated rule.
     """
     _require(layer, _FACTORED, "gauge_is_symmetry")
     G = _check_gauge(layer, G).to(torch.float64)
