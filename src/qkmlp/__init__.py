@@ -14,7 +14,7 @@ from .layers import (
     SymmetricBilinearMLP,
     SymmetrizedGatedMLP,
 )
-from . import costs, cpu_kernels, symmetry, training
+from . import costs, cpu_kernels, figures, symmetry, training
 
 __version__ = "0.1.0"
 
@@ -32,6 +32,7 @@ __all__ = [
     "SymmetrizedGatedMLP",
     "costs",
     "cpu_kernels",
+    "figures",
     "symmetry",
     "training",
     "__version__",
