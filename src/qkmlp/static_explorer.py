@@ -172,7 +172,7 @@ _JS = r"""
     q("qkmlp-scale-change").textContent = fmt(n[0]);
     q("qkmlp-swap-change").textContent = fmt(n[1]);
     q("qkmlp-scale-predicted").textContent = verdict(n[0], n[2]) +
-      (n[4] !== null && n[4] !== 0 ? "; exactly " + fmt(n[4]) + " = |α^(p−1) − 1|" : "");
+      (n[4] !== null && n[4] !== 0 ? "; predicted exactly " + fmt(n[4]) : "");
     q("qkmlp-swap-predicted").textContent = verdict(n[1], n[3]);
     var g = form.value === "gated";
     draw(q("qkmlp-panel-scale"), p.x0, p.scale[i], g ? "σ(a)·b" : "σ(ab)", g ? "σ(αa)·(b/α)" : "σ((αa)(b/α))");
