@@ -5,11 +5,16 @@ import pytest
 import torch
 from torch import nn
 
-from qkmlp import BilinearAttentionMLP, KeyValueMLP
+from qkmlp import BilinearAttentionMLP, GatedMLP, KeyValueMLP, SymmetricBilinearMLP
 from qkmlp.examples import (
     BiasCoordinate,
     FactTask,
     antisymmetric_part,
+    bilinear_from_key_value,
+    directional_derivative,
+    gated_as_bilinear_attention,
+    gradient_jump,
+    static_versus_key_value,
     capital_facts,
     compare_on_product,
     decode,
@@ -206,3 +211,100 @@ def test_matrix_of_quadratic_form_recovers_symmetric_part():
     torch.testing.assert_close(single, (A + A.T) / 2)
     with pytest.raises(ValueError, match="score must map"):
         matrix_of_quadratic_form(lambda x: x.sum(), 3)
+
+
+# ---------------------------------------------------------------- chapters 2-4 additions
+
+F64 = torch.float64
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "sigmoid"])
+def test_bilinear_from_key_value_equals_mlp_with_biases(activation):
+    # against the plain nn.Linear -> σ -> nn.Linear with biases, not against kv itself
+    torch.manual_seed(0)
+    fc1, fc2 = nn.Linear(5, 7, dtype=F64), nn.Linear(7, 3, dtype=F64)
+    act = {"relu": torch.relu, "gelu": nn.functional.gelu, "sigmoid": torch.sigmoid}[activation]
+    bi = bilinear_from_key_value(key_value_from_mlp(fc1, fc2, activation))
+    assert isinstance(bi, BilinearAttentionMLP) and bi.d_model == 6
+    x = torch.randn(20, 5, dtype=F64)
+    torch.testing.assert_close(bi(with_bias_coordinate(x)), fc2(act(fc1(x))))
+    # every A_j has rank one
+    assert (torch.linalg.matrix_rank(bi.interaction) <= 1).all()
+
+
+def test_bilinear_from_key_value_is_even_off_the_constant_coordinate():
+    torch.manual_seed(1)
+    kv = KeyValueMLP(4, 6, 2, activation="relu", dtype=F64)
+    bi = bilinear_from_key_value(kv)
+    x = torch.randn(30, 4, dtype=F64)
+    torch.testing.assert_close(bi(-x), bi(x))
+    with pytest.raises(TypeError, match="KeyValueMLP"):
+        bilinear_from_key_value(nn.Linear(2, 2))
+
+
+def test_static_versus_key_value_start_equal_and_train():
+    torch.manual_seed(0)
+    teacher = KeyValueMLP(4, 6, 2)
+    x, y = teacher_data(teacher, 64, 4, seed=0)
+    res = static_versus_key_value(x, y, 3, seeds=[0, 1], steps=30)
+    assert set(res) == {"key_value", "static_query", "start"}
+    assert all(len(v) == 2 for v in res.values())
+    # both start from the same function: the first recorded losses agree
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        kv = KeyValueMLP(4, 3, 2)
+        start = nn.functional.mse_loss(kv(x), y).item()
+        assert res["start"][seed] == pytest.approx(start, rel=1e-6)
+    assert all(a < s for a, s in zip(res["key_value"], res["start"]))
+    with pytest.raises(ValueError, match="seeds"):
+        static_versus_key_value(x, y, 3, seeds=[])
+    with pytest.raises(ValueError, match="shapes"):
+        static_versus_key_value(x, y[:5], 3, seeds=[0])
+
+
+@pytest.mark.parametrize("rank", [1, 3])
+@pytest.mark.parametrize("activation", ["silu", "relu", "gelu"])
+def test_gated_as_bilinear_attention_equals_the_plain_formula(rank, activation):
+    torch.manual_seed(2)
+    layer = GatedMLP(5, 4, 3, rank=rank, activation=activation, dtype=F64)
+    lifted = gated_as_bilinear_attention(layer)
+    x = torch.randn(2, 7, 5, dtype=F64)
+    act = {"relu": torch.relu, "gelu": nn.functional.gelu, "silu": nn.functional.silu}[activation]
+    Q, K, V = layer.query.detach(), layer.key.detach(), layer.value.detach()
+    a = torch.einsum("...d,jsd->...js", x, Q)      # x·q_{j,s}
+    b = torch.einsum("...d,jsd->...js", x, K)      # x·k_{j,s}
+    plain = (act(a) * b).sum(-1) @ V
+    torch.testing.assert_close(lifted(x), plain)
+    z = lifted.lift(x)
+    assert z.shape == (2, 7, 5 + 4 * rank)
+    assert lifted.bilinear.activation.is_linear
+    assert (torch.linalg.matrix_rank(lifted.bilinear.interaction) <= rank).all()
+    with pytest.raises(ValueError, match="shape"):
+        lifted(torch.randn(3, 4, dtype=F64))
+    with pytest.raises(TypeError, match="GatedMLP"):
+        gated_as_bilinear_attention(SymmetricBilinearMLP(5, 4))
+
+
+def test_directional_derivative_of_polynomials():
+    x = torch.randn(6, 3, dtype=F64)
+    u = torch.randn(6, 3, dtype=F64)
+    cube = lambda t: (t ** 3).sum(-1, keepdim=True)  # noqa: E731
+    # d/dt (x+tu)^3 = 3 u (x+tu)^2; second: 6 u^2 (x+tu); third: 6 u^3; fourth: 0
+    torch.testing.assert_close(directional_derivative(cube, x, u, 1), (3 * u * x ** 2).sum(-1, keepdim=True))
+    torch.testing.assert_close(directional_derivative(cube, x, u, 2), (6 * u ** 2 * x).sum(-1, keepdim=True))
+    torch.testing.assert_close(directional_derivative(cube, x, u, 3), (6 * u ** 3).sum(-1, keepdim=True))
+    torch.testing.assert_close(directional_derivative(cube, x, u, 4), torch.zeros(6, 1, dtype=F64))
+    with pytest.raises(ValueError, match="order"):
+        directional_derivative(cube, x, u, 0)
+
+
+def test_gradient_jump_of_relu_products():
+    q, k = torch.tensor([1.0, 0.0], dtype=F64), torch.tensor([0.3, 1.0], dtype=F64)
+    f = lambda x: torch.relu(x @ q) * (x @ k)  # noqa: E731
+    x0 = torch.tensor([0.0, 2.0], dtype=F64)   # on the gate line x·q = 0, x·k = 2
+    # the gradient is (x·k) q on the side x·q > 0 and 0 on the other
+    torch.testing.assert_close(gradient_jump(f, x0, q), 2.0 * q, atol=1e-6, rtol=0)
+    smooth = lambda x: (x @ q) * (x @ k)  # noqa: E731
+    torch.testing.assert_close(gradient_jump(smooth, x0, q), torch.zeros(2, dtype=F64), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="eps"):
+        gradient_jump(f, x0, q, eps=0.0)

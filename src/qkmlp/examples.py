@@ -1,4 +1,4 @@
-"""Small constructed and synthetic examples for the opening chapters (1–3) of the book.
+"""Small constructed and synthetic examples for the opening chapters (1–4) of the book.
 
 Everything here is deterministic (explicit seeds) and small enough to run in a fraction
 of a second on a CPU.
@@ -13,7 +13,15 @@ of a second on a CPU.
 - Bilinear attention (chapter 3): :func:`product_layer` (a two-slot layer that computes
   x₁x₂ exactly), :func:`symmetric_part`, :func:`antisymmetric_part`,
   :func:`matrix_of_quadratic_form` (recover S from the values x S xᵀ),
-  :func:`compare_on_product` (train a key-value and a bilinear MLP on x₁x₂).
+  :func:`compare_on_product` (train a key-value and a bilinear MLP on x₁x₂),
+  :func:`bilinear_from_key_value` (the key-value MLP as bilinear attention whose query
+  is the constant coordinate).
+- Training the same function class two ways (chapter 2): :func:`static_versus_key_value`.
+- Rank one (chapter 4): :class:`LiftedBilinearAttention` and
+  :func:`gated_as_bilinear_attention` (a gated MLP as bilinear attention on the token
+  followed by its query features), :func:`directional_derivative` (the n-th derivative
+  of x ↦ f(x + t u) at t = 0) and :func:`gradient_jump` (the jump of a Jacobian across a
+  hyperplane), the two measurements behind the chapter's "the classes differ".
 """
 from __future__ import annotations
 
@@ -27,7 +35,7 @@ from torch import nn
 from .activations import get_activation
 from . import lowrank
 from ._checks import positive_int
-from .layers import BilinearAttentionMLP, KeyValueMLP
+from .layers import BilinearAttentionMLP, GatedMLP, KeyValueMLP, StaticQueryMLP
 from .training import fit
 
 __all__ = [
@@ -46,6 +54,12 @@ __all__ = [
     "antisymmetric_part",
     "matrix_of_quadratic_form",
     "compare_on_product",
+    "bilinear_from_key_value",
+    "static_versus_key_value",
+    "LiftedBilinearAttention",
+    "gated_as_bilinear_attention",
+    "directional_derivative",
+    "gradient_jump",
 ]
 
 
@@ -362,3 +376,164 @@ def compare_on_product(
     result["key_value_params"] = [sum(p.numel() for p in kv.parameters())]
     result["bilinear_params"] = [sum(p.numel() for p in bi.parameters())]
     return result
+
+
+@torch.no_grad()
+def bilinear_from_key_value(kv: KeyValueMLP) -> BilinearAttentionMLP:
+    """The key-value MLP as a bilinear attention MLP with rank-1 A_j = eᵀk_j.
+
+    e is the last standard basis vector: on an input x̃ whose last coordinate is 1 (the
+    bias coordinate, :func:`with_bias_coordinate`), x̃ A_j x̃ᵀ = (x̃·e)(x̃·k_j) = x̃·k_j, so
+    the returned layer equals ``kv`` there (same σ, same values). On other inputs the
+    two differ: every bilinear attention MLP is even, f(−x) = f(x).
+    Shapes: ``interaction`` (m, d, d) with d = kv.d_model, ``value`` = kv.value.
+    """
+    if not isinstance(kv, KeyValueMLP):
+        raise TypeError(f"kv must be a KeyValueMLP, got {type(kv).__name__}")
+    w = kv.key
+    out = BilinearAttentionMLP(kv.d_model, kv.d_hidden, kv.d_out, activation=kv.activation,
+                               device=w.device, dtype=w.dtype)
+    out.interaction.zero_()
+    out.interaction[:, -1, :] = kv.key          # row e of A_j is k_j: A_j = eᵀ k_j
+    out.value.copy_(kv.value)
+    return out
+
+
+def static_versus_key_value(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    width: int,
+    seeds: Sequence[int],
+    *,
+    activation="relu",
+    steps: int = 600,
+    lr: float = 1e-2,
+) -> dict[str, list[float]]:
+    """Train a key-value MLP and a static-query MLP that start as the same function.
+
+    For each seed: ``torch.manual_seed(seed)``, a ``KeyValueMLP(d, width, d_out)``, and a
+    ``StaticQueryMLP`` with W_Q = I and the same keys and values (so the two compute the
+    same function at step 0); both are trained by :func:`qkmlp.training.fit` with the
+    same settings (full batch Adam, MSE). Returns the final training losses per seed,
+    ``{"key_value": [...], "static_query": [...]}``, and the start loss under "start".
+    x: (N, d); y: (N, d_out).
+    """
+    positive_int(width, "width")
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("seeds must hold at least one seed")
+    _check_float(x, "x")
+    _check_float(y, "y")
+    if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0]:
+        raise ValueError(f"x and y must have shapes (N, d) and (N, d_out), got "
+                         f"{tuple(x.shape)} and {tuple(y.shape)}")
+    d, d_out = x.shape[1], y.shape[1]
+    result: dict[str, list[float]] = {"key_value": [], "static_query": [], "start": []}
+    for seed in seeds:
+        torch.manual_seed(seed)
+        kv = KeyValueMLP(d, width, d_out, activation=activation, dtype=x.dtype)
+        sq = StaticQueryMLP(d, width, d_out, activation=activation, dtype=x.dtype)
+        with torch.no_grad():
+            sq.query.copy_(torch.eye(d, dtype=x.dtype))
+            sq.key.copy_(kv.key)
+            sq.value.copy_(kv.value)
+        a = fit(kv, x, y, steps=steps, lr=lr, seed=seed)
+        b = fit(sq, x, y, steps=steps, lr=lr, seed=seed)
+        result["start"].append(a[0])
+        result["key_value"].append(a[-1])
+        result["static_query"].append(b[-1])
+    return result
+
+
+class LiftedBilinearAttention(nn.Module):
+    """A gated MLP written as bilinear attention on a lifted token.
+
+    ``lift(x)`` = z = [x, σ(x·q_{1,1}), …, σ(x·q_{m,r})] of width d + m·r (the token
+    followed by its query features); ``bilinear`` is a :class:`BilinearAttentionMLP` on z
+    with the identity activation and A_j = Σ_s e_{d+(j,s)}ᵀ [k_{j,s}, 0], so that
+    z A_j zᵀ = Σ_s σ(x·q_{j,s})(x·k_{j,s}). ``forward(x)`` = bilinear(lift(x)).
+    Built by :func:`gated_as_bilinear_attention`. Shapes: (..., d) -> (..., d_out).
+    """
+
+    def __init__(self, query: torch.Tensor, activation, bilinear: BilinearAttentionMLP):
+        super().__init__()
+        self.register_buffer("query", query)      # (m·r, d)
+        self.activation = get_activation(activation)
+        self.bilinear = bilinear
+
+    def lift(self, x: torch.Tensor) -> torch.Tensor:
+        """z = [x, σ(x Q_flatᵀ)]: (..., d) -> (..., d + m·r)."""
+        _check_float(x)
+        if x.shape[-1] != self.query.shape[1]:
+            raise ValueError(f"expected input of shape (..., {self.query.shape[1]}), "
+                             f"got {tuple(x.shape)}")
+        return torch.cat([x, self.activation(x @ self.query.T)], dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bilinear(self.lift(x))
+
+
+@torch.no_grad()
+def gated_as_bilinear_attention(layer: GatedMLP) -> LiftedBilinearAttention:
+    """The gated MLP as bilinear attention (identity σ) on z = [x, σ(xQᵀ)].
+
+    Slot j's score is the bilinear form z A_j zᵀ = Σ_s a_s b_s between the nonlinear
+    query features a_s = σ(x·q_{j,s}) and the linear keys b_s = x·k_{j,s}; nothing is
+    applied to the score. The result equals ``layer`` on every input.
+    """
+    if not isinstance(layer, GatedMLP):
+        raise TypeError(f"layer must be a GatedMLP, got {type(layer).__name__}")
+    m, r, d = layer.d_hidden, layer.rank, layer.d_model
+    w = layer.value
+    width = d + m * r
+    bi = BilinearAttentionMLP(width, m, layer.d_out, activation="identity",
+                              device=w.device, dtype=w.dtype)
+    bi.interaction.zero_()
+    for j in range(m):
+        for s in range(r):
+            bi.interaction[j, d + j * r + s, :d] = layer.key[j, s]
+    bi.value.copy_(layer.value)
+    query = layer.query.detach().reshape(m * r, d).clone()
+    return LiftedBilinearAttention(query, layer.activation, bi)
+
+
+def directional_derivative(f, x: torch.Tensor, u: torch.Tensor, order: int = 1) -> torch.Tensor:
+    """dⁿ/dtⁿ f(x + t u) at t = 0, by n nested forward-mode derivatives (torch.func).
+
+    f maps (..., d) to (..., k); x and u have shape (..., d) (broadcast). Returns a
+    tensor of f(x)'s shape. Exact up to rounding for smooth f (use float64).
+    """
+    from torch.func import jacfwd
+
+    _check_float(x)
+    _check_float(u, "u")
+    positive_int(order, "order")
+    x, u = torch.broadcast_tensors(x, u)
+
+    def h(t):
+        return f(x + t * u)
+
+    for _ in range(order):
+        h = jacfwd(h)
+    return h(torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def gradient_jump(f, x0: torch.Tensor, normal: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
+    """The jump of f's Jacobian across the hyperplane through x0 with normal ``normal``.
+
+    J(x0 + ε n) − J(x0 − ε n) for a piecewise-smooth f whose pieces near x0 are separated
+    by that hyperplane; J is the Jacobian (k, d) of f: (d,) -> (k,) (a scalar f gives
+    (d,)). x0, normal: (d,). Accurate to O(ε) for piecewise-polynomial f.
+    """
+    from torch.func import jacrev
+
+    _check_float(x0, "x0")
+    _check_float(normal, "normal")
+    if x0.dim() != 1 or normal.shape != x0.shape:
+        raise ValueError(f"x0 and normal must be vectors of one shape (d,), got "
+                         f"{tuple(x0.shape)} and {tuple(normal.shape)}")
+    if not eps > 0:
+        raise ValueError(f"eps must be positive, got {eps!r}")
+    n = normal / normal.norm()
+    jac = jacrev(f)
+    return jac(x0 + eps * n) - jac(x0 - eps * n)
