@@ -56,6 +56,9 @@ __all__ = [
     "compare_on_product",
     "bilinear_from_key_value",
     "static_versus_key_value",
+    "STATIC_QUERY_SETTINGS",
+    "static_query_task",
+    "static_query_study",
     "LiftedBilinearAttention",
     "gated_as_bilinear_attention",
     "directional_derivative",
@@ -408,17 +411,20 @@ def static_versus_key_value(
     activation="relu",
     steps: int = 600,
     lr: float = 1e-2,
-) -> dict[str, list[float]]:
-    """Train a key-value MLP and a static-query MLP that start as the same function.
+) -> dict[str, torch.Tensor]:
+    """Train key-value and static-query MLPs that start as the same function, per seed.
 
-    For each seed: ``torch.manual_seed(seed)``, a ``KeyValueMLP(d, width, d_out)``, and a
-    ``StaticQueryMLP`` with W_Q = I and the same keys and values (so the two compute the
-    same function at step 0); both are trained by :func:`qkmlp.training.fit` with the
-    same settings (full batch Adam, MSE). Returns the final training losses per seed,
-    ``{"key_value": [...], "static_query": [...]}``, and the start loss under "start".
-    x: (N, d); y: (N, d_out).
+    For each seed: ``torch.manual_seed(seed)`` and a ``KeyValueMLP(d, width, d_out)``;
+    its twin is the ``StaticQueryMLP`` with W_Q = I and the same keys and values, so
+    the two compute the same function at step 0. Both are trained full batch with Adam
+    on the mean squared error, exactly as :func:`qkmlp.training.fit` would train each
+    one alone; all seeds and both layers run in one batched loop (Adam acts entry by
+    entry, so summing the independent losses changes nothing). Returns the training
+    loss before every step, ``{"key_value": (S, steps), "static_query": (S, steps)}``
+    for S seeds. x: (N, d); y: (N, d_out).
     """
     positive_int(width, "width")
+    positive_int(steps, "steps")
     seeds = list(seeds)
     if not seeds:
         raise ValueError("seeds must hold at least one seed")
@@ -427,22 +433,67 @@ def static_versus_key_value(
     if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0]:
         raise ValueError(f"x and y must have shapes (N, d) and (N, d_out), got "
                          f"{tuple(x.shape)} and {tuple(y.shape)}")
+    act = get_activation(activation)
     d, d_out = x.shape[1], y.shape[1]
-    result: dict[str, list[float]] = {"key_value": [], "static_query": [], "start": []}
+    keys, values = [], []
     for seed in seeds:
         torch.manual_seed(seed)
-        kv = KeyValueMLP(d, width, d_out, activation=activation, dtype=x.dtype)
-        sq = StaticQueryMLP(d, width, d_out, activation=activation, dtype=x.dtype)
-        with torch.no_grad():
-            sq.query.copy_(torch.eye(d, dtype=x.dtype))
-            sq.key.copy_(kv.key)
-            sq.value.copy_(kv.value)
-        a = fit(kv, x, y, steps=steps, lr=lr, seed=seed)
-        b = fit(sq, x, y, steps=steps, lr=lr, seed=seed)
-        result["start"].append(a[0])
-        result["key_value"].append(a[-1])
-        result["static_query"].append(b[-1])
-    return result
+        kv = KeyValueMLP(d, width, d_out, activation=act, dtype=x.dtype)
+        keys.append(kv.key.detach())
+        values.append(kv.value.detach())
+    S = len(seeds)
+    K1, V1 = torch.stack(keys), torch.stack(values)         # (S, m, d), (S, m, d_out)
+    W = torch.eye(d, dtype=x.dtype).expand(S, d, d).clone()  # the query maps, W_Q = I
+    params = [t.clone().requires_grad_() for t in (K1, V1, W, K1, V1)]
+    K1, V1, W, K2, V2 = params
+    opt = torch.optim.Adam(params, lr=lr)
+    history = torch.empty(2, S, steps, dtype=x.dtype)
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        out1 = act(x @ K1.transpose(1, 2)) @ V1                 # σ(xKᵀ)V, (S, N, d_out)
+        out2 = act((x @ W) @ K2.transpose(1, 2)) @ V2           # σ(xW_QKᵀ)V
+        loss = torch.stack([((out - y) ** 2).mean(dim=(1, 2)) for out in (out1, out2)])
+        loss.sum().backward()
+        opt.step()
+        history[:, :, step] = loss.detach()
+    return {"key_value": history[0], "static_query": history[1]}
+
+
+#: Settings of chapter 2's comparison (also stored with its results).
+STATIC_QUERY_SETTINGS = {"d": 8, "teacher_width": 16, "teacher_seed": 100,
+                         "teacher_value_scale": 3.0, "d_out": 2, "n": 1024,
+                         "data_seed": 0, "width": 8, "activation": "relu",
+                         "lr": 1e-2}
+
+
+def static_query_task() -> tuple[torch.Tensor, torch.Tensor]:
+    """Chapter 2's regression task: x (1024, 8) ~ N(0, I), y (1024, 2) from a fixed
+    random ReLU key-value teacher of width 16 (seed 100, values scaled by 3)."""
+    c = STATIC_QUERY_SETTINGS
+    torch.manual_seed(c["teacher_seed"])
+    teacher = KeyValueMLP(c["d"], c["teacher_width"], c["d_out"])
+    with torch.no_grad():
+        teacher.value.mul_(c["teacher_value_scale"])
+    return teacher_data(teacher, c["n"], c["d"], seed=c["data_seed"])
+
+
+def static_query_study(seeds: Sequence[int] = range(20), steps: int = 3000,
+                       record: Sequence[int] = (0, 100, 200, 400, 800, 1600)) -> dict:
+    """Chapter 2's experiment: :func:`static_versus_key_value` on
+    :func:`static_query_task`; returns a JSON-ready dict with the settings, the final
+    losses per seed and the losses at the steps in ``record`` (plus the last)."""
+    x, y = static_query_task()
+    c = STATIC_QUERY_SETTINGS
+    res = static_versus_key_value(x, y, c["width"], seeds, activation=c["activation"],
+                                  steps=steps, lr=c["lr"])
+    marks = sorted({s for s in record if s < steps} | {steps - 1})
+    return {
+        "settings": {**c, "steps": steps, "seeds": list(seeds)},
+        "label_variance": float(y.var()),
+        "record_steps": marks,
+        "key_value": res["key_value"][:, marks].tolist(),
+        "static_query": res["static_query"][:, marks].tolist(),
+    }
 
 
 class LiftedBilinearAttention(nn.Module):
@@ -537,3 +588,46 @@ def gradient_jump(f, x0: torch.Tensor, normal: torch.Tensor, eps: float = 1e-7) 
     n = normal / normal.norm()
     jac = jacrev(f)
     return jac(x0 + eps * n) - jac(x0 - eps * n)
+
+
+def _main(argv=None) -> None:
+    """``python -m qkmlp.examples static-query --out FILE``: run chapter 2's study and
+    store it as JSON with its provenance."""
+    import argparse
+    import datetime
+    import json
+    import platform
+    import subprocess
+    import sys
+    import time
+
+    parser = argparse.ArgumentParser(prog="python -m qkmlp.examples")
+    parser.add_argument("study", choices=["static-query"])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=3000)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    data = static_query_study(range(args.seeds), args.steps)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    data["provenance"] = {
+        "command": "python -m qkmlp.examples " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "git_commit": commit,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    with open(args.out, "w") as fh:
+        json.dump(data, fh, indent=1)
+        fh.write("\n")
+
+
+if __name__ == "__main__":
+    _main()
