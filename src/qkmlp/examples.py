@@ -478,7 +478,7 @@ def static_query_task() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def static_query_study(seeds: Sequence[int] = range(20), steps: int = 3000,
-                       record: Sequence[int] = (0, 100, 200, 400, 800, 1600)) -> dict:
+                       record: Sequence[int] = range(0, 3000, 25)) -> dict:
     """Chapter 2's experiment: :func:`static_versus_key_value` on
     :func:`static_query_task`; returns a JSON-ready dict with the settings, the final
     losses per seed and the losses at the steps in ``record`` (plus the last)."""
