@@ -12,6 +12,7 @@ from qkmlp.examples import (
     antisymmetric_part,
     bilinear_from_key_value,
     directional_derivative,
+    fit_stacked,
     gated_as_bilinear_attention,
     gradient_jump,
     static_versus_key_value,
@@ -319,3 +320,26 @@ def test_gradient_jump_of_relu_products():
     torch.testing.assert_close(gradient_jump(smooth, x0, q), torch.zeros(2, dtype=F64), atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="eps"):
         gradient_jump(f, x0, q, eps=0.0)
+
+
+def test_fit_stacked_equals_fit_on_each_model():
+    from qkmlp.training import fit
+
+    x, y = product_data(64, 3, seed=4)
+    models, alone = [], []
+    for seed in (0, 1, 2):
+        torch.manual_seed(seed)
+        models.append(nn.Sequential(BiasCoordinate(), KeyValueMLP(4, 5, 1, activation="relu")))
+        torch.manual_seed(seed)
+        alone.append(nn.Sequential(BiasCoordinate(), KeyValueMLP(4, 5, 1, activation="relu")))
+    hist = fit_stacked(models, x, y, steps=30, lr=1e-2)
+    assert hist.shape == (3, 30)
+    for i, model in enumerate(alone):
+        ref = torch.tensor(fit(model, x, y, steps=30, lr=1e-2))
+        torch.testing.assert_close(hist[i], ref, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(models[i][1].key, model[1].key, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(models[i][1].value, model[1].value, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="at least one"):
+        fit_stacked([], x, y)
+    with pytest.raises(ValueError, match="rows"):
+        fit_stacked(models, x, y[:3])

@@ -54,6 +54,10 @@ __all__ = [
     "antisymmetric_part",
     "matrix_of_quadratic_form",
     "compare_on_product",
+    "PRODUCT_WIDTHS",
+    "PRODUCT_SEEDS",
+    "product_study",
+    "fit_stacked",
     "bilinear_from_key_value",
     "static_versus_key_value",
     "STATIC_QUERY_SETTINGS",
@@ -366,19 +370,68 @@ def compare_on_product(
         raise ValueError("seeds must hold at least one seed")
     x, y = product_data(n_train, d, seed=10_000)
     x_test, y_test = product_data(n_test, d, seed=10_001)
-    result: dict[str, list[float]] = {"key_value": [], "bilinear": []}
+    kvs, bis = [], []
     for seed in seeds:
         torch.manual_seed(seed)
-        kv = nn.Sequential(BiasCoordinate(), KeyValueMLP(d + 1, width, 1, activation="relu"))
+        kvs.append(nn.Sequential(BiasCoordinate(), KeyValueMLP(d + 1, width, 1, activation="relu")))
         torch.manual_seed(seed)
-        bi = BilinearAttentionMLP(d, width, 1, activation="silu")
-        fit(kv, x, y, steps=steps, lr=lr, seed=seed)
-        fit(bi, x, y, steps=steps, lr=lr, seed=seed)
-        result["key_value"].append(relative_mse(kv, x_test, y_test))
-        result["bilinear"].append(relative_mse(bi, x_test, y_test))
+        bis.append(BilinearAttentionMLP(d, width, 1, activation="silu"))
+    for models in (kvs, bis):        # the same as fit(model, x, y, ...) on each model
+        fit_stacked(models, x, y, steps=steps, lr=lr)
+    result: dict[str, list[float]] = {
+        "key_value": [relative_mse(kv, x_test, y_test) for kv in kvs],
+        "bilinear": [relative_mse(bi, x_test, y_test) for bi in bis],
+    }
+    kv, bi = kvs[0], bis[0]
     result["key_value_params"] = [sum(p.numel() for p in kv.parameters())]
     result["bilinear_params"] = [sum(p.numel() for p in bi.parameters())]
     return result
+
+
+def fit_stacked(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, *,
+                steps: int = 500, lr: float = 1e-2) -> torch.Tensor:
+    """Train same-shaped ``models`` side by side; the same result as calling
+    ``qkmlp.training.fit(model, x, y, steps=steps, lr=lr)`` on each (full batch Adam,
+    mean squared error), in one vectorised loop (``torch.func.vmap``).
+
+    Adam acts entry by entry, so minimising the sum of the independent losses trains
+    every model exactly as alone. The trained weights are copied back into ``models``.
+    Returns the loss before every step, shape (len(models), steps). x: (N, d);
+    y: (N, d_out).
+    """
+    from torch.func import functional_call, stack_module_state, vmap
+
+    models = list(models)
+    if not models:
+        raise ValueError("models must hold at least one model")
+    positive_int(steps, "steps")
+    _check_float(x, "x")
+    _check_float(y, "y")
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x and y must have the same number of rows, got {x.shape[0]} and {y.shape[0]}")
+    params, buffers = stack_module_state(models)
+    names = list(params)
+    base = copy.deepcopy(models[0]).to("meta")
+
+    def loss_one(p, b):
+        out = functional_call(base, (p, b), (x,))
+        return ((out - y) ** 2).mean()
+
+    losses = vmap(loss_one)
+    leaves = [params[n].detach().clone().requires_grad_() for n in names]
+    opt = torch.optim.Adam(leaves, lr=lr)
+    history = torch.empty(len(models), steps, dtype=x.dtype)
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        value = losses(dict(zip(names, leaves)), buffers)
+        value.sum().backward()
+        opt.step()
+        history[:, step] = value.detach()
+    with torch.no_grad():
+        for i, model in enumerate(models):
+            for n, leaf in zip(names, leaves):
+                model.get_parameter(n).copy_(leaf[i])
+    return history
 
 
 @torch.no_grad()
@@ -590,6 +643,19 @@ def gradient_jump(f, x0: torch.Tensor, normal: torch.Tensor, eps: float = 1e-7) 
     return jac(x0 + eps * n) - jac(x0 - eps * n)
 
 
+#: Widths and seeds of chapter 3's product study.
+PRODUCT_WIDTHS = (1, 2, 4, 8, 32)
+PRODUCT_SEEDS = tuple(range(10))
+
+
+def product_study(widths: Sequence[int] = PRODUCT_WIDTHS,
+                  seeds: Sequence[int] = PRODUCT_SEEDS) -> dict:
+    """Chapter 3's experiment: :func:`compare_on_product` at every width and seed;
+    a JSON-ready dict ``{"widths", "seeds", "results": {width: compare_on_product(...)}}``."""
+    return {"widths": list(widths), "seeds": list(seeds),
+            "results": {str(w): compare_on_product(w, seeds=seeds) for w in widths}}
+
+
 def _main(argv=None) -> None:
     """``python -m qkmlp.examples static-query --out FILE``: run chapter 2's study and
     store it as JSON with its provenance."""
@@ -602,14 +668,17 @@ def _main(argv=None) -> None:
     import time
 
     parser = argparse.ArgumentParser(prog="python -m qkmlp.examples")
-    parser.add_argument("study", choices=["static-query"])
+    parser.add_argument("study", choices=["static-query", "product"])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--seeds", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--seeds", type=int, default=20, help="static-query only")
+    parser.add_argument("--steps", type=int, default=3000, help="static-query only")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     start = time.perf_counter()
-    data = static_query_study(range(args.seeds), args.steps)
+    if args.study == "static-query":
+        data = static_query_study(range(args.seeds), args.steps)
+    else:
+        data = product_study()
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
                                 text=True, check=True).stdout.strip()
