@@ -106,8 +106,9 @@ def key_value_from_mlp(fc1: nn.Linear, fc2: nn.Linear, activation="relu") -> Key
 
     - key j = [fc1.weight[j], fc1.bias[j]] (the first bias is the weight of the constant
       coordinate);
-    - one extra slot with key e_{d+1} fires with the constant coefficient σ(1) and has
-      value fc2.bias / σ(1) (the second bias is a memory that is always recalled).
+    - one extra slot, whose key is the last basis vector, fires with the constant
+      coefficient σ(1) and has value fc2.bias / σ(1) (the second bias is a memory that
+      is always recalled).
 
     Needs σ(1) ≠ 0 (true for relu, gelu, silu, tanh, sigmoid, softplus, ...).
     """
@@ -192,10 +193,10 @@ def fact_memory(task: FactTask, threshold: Union[float, None] = None) -> KeyValu
     """A ReLU key-value memory that stores each fact in one slot, built by hand.
 
     Input: ``with_bias_coordinate(e)`` for a word embedding e (width d + 1); output: a
-    vector in ℝᵈ, read out with :func:`decode`. Slot j has key [e_{a_j}, −θ] and value
-    e_{b_j} / (1 − θ), so for the subject a_j its coefficient is 1 − θ and the output is
-    exactly e_{b_j}; a word whose cosine with every subject is below θ fires no slot.
-    The default θ is halfway between the largest cosine of a subject with another word
+    vector in ℝᵈ, read out with :func:`decode`. Slot j has key [e_a, −τ] and value
+    e_b / (1 − τ) for its fact (a, b), so for the subject a its coefficient is 1 − τ and
+    the output is exactly e_b; a word whose cosine with every subject is below the
+    threshold τ fires no slot. The default τ is halfway between the largest cosine of a subject with another word
     and 1. Needs unit-norm embeddings and distinct subjects (the hypotheses of the
     recall theorem of chapter 1); raises ValueError otherwise.
     """
@@ -552,10 +553,12 @@ def static_query_study(seeds: Sequence[int] = range(20), steps: int = 3000,
 class LiftedBilinearAttention(nn.Module):
     """A gated MLP written as bilinear attention on a lifted token.
 
-    ``lift(x)`` = z = [x, σ(x·q_{1,1}), …, σ(x·q_{m,r})] of width d + m·r (the token
-    followed by its query features); ``bilinear`` is a :class:`BilinearAttentionMLP` on z
-    with the identity activation and A_j = Σ_s e_{d+(j,s)}ᵀ [k_{j,s}, 0], so that
-    z A_j zᵀ = Σ_s σ(x·q_{j,s})(x·k_{j,s}). ``forward(x)`` = bilinear(lift(x)).
+    ``lift(x)`` = z = [x, σ(x·q) for every query row q of every slot], of width d + m·r
+    (the token followed by its query features); ``bilinear`` is a
+    :class:`BilinearAttentionMLP` on z with the identity activation whose slot j pairs
+    each of its query features with the matching key row k: row d + j·r + s of A_j is
+    [key[j, s], 0], so z A_j zᵀ = Σ_s σ(x·query[j, s]) (x·key[j, s]).
+    ``forward(x)`` = bilinear(lift(x)).
     Built by :func:`gated_as_bilinear_attention`. Shapes: (..., d) -> (..., d_out).
     """
 
@@ -582,7 +585,7 @@ def gated_as_bilinear_attention(layer: GatedMLP) -> LiftedBilinearAttention:
     """The gated MLP as bilinear attention (identity σ) on z = [x, σ(xQᵀ)].
 
     Slot j's score is the bilinear form z A_j zᵀ = Σ_s a_s b_s between the nonlinear
-    query features a_s = σ(x·q_{j,s}) and the linear keys b_s = x·k_{j,s}; nothing is
+    query features a_s = σ(x·query[j, s]) and the linear keys b_s = x·key[j, s]; nothing is
     applied to the score. The result equals ``layer`` on every input.
     """
     if not isinstance(layer, GatedMLP):
