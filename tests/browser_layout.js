@@ -3,7 +3,7 @@
 // list of problems in words (empty: the check passed) plus a few measurements.
 //
 // Checks:
-//   raw_table     a Markdown table left as text ("| --- |" outside code input)
+//   raw_table     a Markdown table left as text ("| --- |" or "|—|—|" outside code input)
 //   wide_math     a formula wider than its column at the desktop width
 //   cut_math      a formula cut off with no way to scroll to the rest, or scrolling with
 //                 no visible sign (no fade from qkmlp-site.css)
@@ -59,13 +59,18 @@ async ({phone, minPt, rasterScale, svgScale}) => {
   };
 
   // ---------------------------------------------------------------- raw Markdown tables
-  const clone = main.cloneNode(true);
-  clone.querySelectorAll('.cell_input, script, style, mjx-container, .highlight-bash, .highlight-python, .highlight-default')
-    .forEach(e => { if (!e.closest('.cell_output')) e.remove(); });
-  // innerText of a detached clone has no layout: use textContent, lines collapse in <p> anyway
-  const text = clone.textContent;
-  for (const m of text.matchAll(/[^\n]{0,40}\|\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|[^\n]{0,40}/g))
-    out.raw_table.push('Markdown table shown as text: "' + short(m[0], 90) + '"');
+  // a header separator row of two or more columns: | --- | --- |, or |—|—| once smart
+  // quotes made dashes of it; searched in text blocks, not in code input
+  const cell = '\\s*:?(?:-{3,}|[\u2013\u2014]+-*):?\\s*';
+  const separator = new RegExp(`[^\\n]{0,40}\\|${cell}(\\|${cell})+\\|[^\\n]{0,40}`);
+  const isInput = el => el.closest('.cell_input') ||
+    (el.closest('div[class*="highlight-"]') && !el.closest('.cell_output'));
+  const blocks = [...main.querySelectorAll('p, pre, li, td, dd')].filter(el => !isInput(el));
+  for (const el of blocks) {
+    const m = el.textContent.match(separator);
+    if (!m || blocks.some(inner => inner !== el && el.contains(inner) && separator.test(inner.textContent))) continue;
+    out.raw_table.push(`Markdown table shown as text: "${short(m[0], 60)}"${section(el)}`);
+  }
 
   // ---------------------------------------------------------------- math
   const texOf = new Map();

@@ -723,6 +723,9 @@ def _defect_page(html: Path, page: str) -> str:
 <p id="qk-raw-table">| layer | loss |
 | --- | --- |
 | SwiGLU | 1.94 |</p>
+<p id="qk-raw-table-dashes">| layer | loss |
+|—|—|
+| GEGLU | 1.95 |</p>
 <div class="math notranslate nohighlight">\\[{terms}\\]</div>
 <p>Inline <span class="math notranslate nohighlight">\\({inline}\\)</span> formula.</p>
 <div id="qk-wide-block" style="width:600px;height:4px;background:#c00"></div>
@@ -785,7 +788,8 @@ def test_checks_catch_known_defects(book_build, browser, tmp_path):
         assert not missing, f"{check} @ {view} px missed {missing}; it reported: {found[view][check]}"
 
     for view in VIEWS:
-        assert found[view]["raw_table"], f"raw_table @ {view} px missed the planted table"
+        assert len(found[view]["raw_table"]) == 2, \
+            f"raw_table @ {view} px: want the 2 planted tables, got {found[view]['raw_table']}"
         caught(view, "cut_math", "a_{1} + a_{2}", "no visible sign", "b_{1} + b_{2}", "cut to")
         caught(view, "figure_resolution", "#qk-blurry", "1.00×", "#qk-shrunk")
         caught(view, "figure_text", "#qk-tiny-text", "#qk-shrunk")
