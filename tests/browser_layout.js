@@ -206,7 +206,7 @@ async ({phone, minPt, rasterScale, svgScale}) => {
       const fx = img.naturalWidth / r.width, fy = img.naturalHeight / r.height;
       const f = Math.min(fx, fy);
       if (f < rasterScale - 1e-3)
-        out.figure_resolution.push(`${where}: ${img.naturalWidth}×${img.naturalHeight} raster shown at ${Math.round(r.width)}×${Math.round(r.height)} px, ${f.toFixed(2)}× (needs ≥ ${rasterScale}×)`);
+        out.figure_resolution.push(`${where}: ${img.naturalWidth}×${img.naturalHeight} raster shown at ${Math.round(r.width)}×${Math.round(r.height)} px, ${(Math.floor(f * 100) / 100).toFixed(2)}× (needs ≥ ${rasterScale}×)`);
     }
   }
   // SVG drawn inline in the page (e.g. an explorer's plot)
