@@ -153,7 +153,7 @@ def test_pages_carry_only_what_the_book_uses(book_build):
         if 'http-equiv="refresh"' in text.lower():
             continue
         found = [what for what, pattern in [
-            ("Thebe/Binder configuration", r"thebe|binder"),
+            ("Thebe/Binder configuration", r"x-thebe-config|THEBE_JS_URL|sphinx-thebe|binderOptions"),
             ("fontawesome.js", r"fontawesome\.js"),
             ("sphinx-design assets on a page without its components",
              r"sphinx-design\.min\.css|design-tabs\.js" if 'class="sd-' not in text else r"(?!)"),
