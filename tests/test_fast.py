@@ -464,3 +464,98 @@ def test_pooled_paired_ratio_and_format_paired():
           "verdicts": {"gated_mlp": {"fwd_vs_llama": "met"}}}
     assert format_paired(hl, ["gated_mlp"], ["fwd_vs_llama"]) == ["  gated_mlp: fwd_vs_llama 0.980 [0.970, 0.990] met"]
     assert len(format_paired(hl)) == 2
+
+
+# --- property tests: fast path against the plain path over shapes, layouts and dtypes ---
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+LAYOUTS = ("contiguous", "empty", "one_row", "one_token", "transposed", "expanded", "strided", "3d_permuted")
+PROP_TOL = {torch.float64: (1e-10, 1e-12), torch.float32: (1e-5, 1e-6), torch.bfloat16: (2e-2, 2e-2)}
+
+
+def _input(layout, n, d, dtype, gen):
+    r = lambda *s: torch.randn(*s, generator=gen).to(dtype)
+    return {
+        "contiguous": lambda: r(n, d),
+        "empty": lambda: r(0, d),
+        "one_row": lambda: r(1, d),
+        "one_token": lambda: r(d),
+        "transposed": lambda: r(d, n).T,
+        "expanded": lambda: r(1, d).expand(n, d),
+        "strided": lambda: r(n, 2 * d)[:, ::2],
+        "3d_permuted": lambda: r(n, 2, d).transpose(0, 1),
+    }[layout]()
+
+
+@st.composite
+def fast_cases(draw):
+    cls = draw(st.sampled_from([GatedMLP, SymmetricBilinearMLP, SymmetrizedGatedMLP]))
+    sizes = [draw(st.integers(1, n)) for n in (6, 5, 3, 4, 5)]   # d, m, r, d_out, N
+    return (cls, *sizes, draw(st.sampled_from([torch.float32, torch.float64, torch.bfloat16])),
+            draw(st.sampled_from(activation_names())), draw(st.sampled_from(LAYOUTS)),
+            draw(st.booleans()), draw(st.integers(0, 2**16)))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fast_cases())
+def test_property_fast_path_equals_plain_path(case):
+    cls, d, m, r, o, n, dtype, act, layout, grad, seed = case
+    torch.manual_seed(seed)
+    fast = cls(d, m, o, rank=r, activation=act, dtype=dtype)
+    plain = copy.deepcopy(fast)
+    plain.fused = False
+    gen = torch.Generator().manual_seed(seed)
+    x = _input(layout, n, d, dtype, gen)
+    x_before = x.clone()
+    rtol, atol = PROP_TOL[dtype]
+    if not grad:
+        with torch.no_grad():
+            y, want = fast(x), plain(x)
+        torch.testing.assert_close(y, want, rtol=rtol, atol=atol)
+        assert y.shape == (*x.shape[:-1], o) and y._base is None
+        assert torch.equal(x, x_before)                          # the scratch path leaves x alone
+        return
+    outs = []
+    for layer in (fast, plain):
+        xg = x.detach().clone().requires_grad_() if layout != "expanded" else x.detach().requires_grad_()
+        y = layer(xg)
+        gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+        outs.append((y, *torch.autograd.grad(y, [xg, *layer.parameters()], gy)))
+    for g, w in zip(*outs):
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol * max(1.0, w.abs().max().item() if w.numel() else 1.0))
+    assert torch.equal(x, x_before)
+
+
+# --- numerics are pinned: the float32 fast path is this sequence of torch ops -----------------
+
+@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+def test_float32_rank1_fast_path_is_the_documented_op_sequence(cls):
+    """Bit for bit: forward a = xQᵀ, b = xKᵀ, h = σ(a)·b (gated) or σ(a·b), y = hV; backward
+    dh = dy·Vᵀ, torch's own σ-backward kernel, dx = da·Q then += db·K (one addmm_),
+    dQ = daᵀx, dK = dbᵀx, dV = hᵀdy. Rounding changes here would move stored results."""
+    aten = torch.ops.aten
+    torch.manual_seed(12)
+    layer = cls(24, 40, 16)
+    x = torch.randn(33, 24, requires_grad=True)
+    gy = torch.randn(33, 16)
+    y = layer(x)
+    got = (y, *torch.autograd.grad(y, [x, *layer.parameters()], gy))
+    with torch.no_grad():
+        Q, K, V = layer.query_weight, layer.key_weight, layer.value
+        a, b = x @ Q.T, x @ K.T
+        dh = gy @ V.T
+        if cls is GatedMLP:
+            s = F.silu(a)
+            h = s * b
+            da, db = aten.silu_backward(dh * b, a), dh * s
+        else:
+            p = a * b
+            h = F.silu(p)
+            dp = aten.silu_backward(dh, p)
+            da, db = dp * b, dp * a
+        want = (h @ V, (da @ Q).addmm_(db, K), da.T @ x, db.T @ x, h.T @ gy)
+        assert torch.equal(layer(x), want[0])                     # the inference path too
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)

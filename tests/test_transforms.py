@@ -271,3 +271,24 @@ def test_an_activation_wrapping_a_registered_function_is_fused():
     from qkmlp import get_activation
     assert fn.supports_fused(get_activation(torch.nn.functional.silu))
     assert not fn.supports_fused(get_activation(lambda z: torch.nn.functional.silu(z)))
+
+
+@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+def test_torch_func_inside_torch_compile(cls):
+    """torch.compile of a gradient penalty taken with torch.func (the fast path must step
+    aside while compiling too), and torch.func.hessian of a compiled layer."""
+    layer, formula, x, params = _setup(cls, "gelu", 2, torch.float64)
+
+    def penalty_grad(mod):
+        def f(ps):
+            gx = torch.func.grad(lambda z: _call(mod, ps, z).sum())(x)
+            return gx.pow(2).sum()
+        return torch.compile(torch.func.grad(f), backend="aot_eager")(params)
+
+    try:
+        _close(penalty_grad(layer), penalty_grad(formula), torch.float64)
+        compiled = torch.compile(layer, backend="aot_eager")
+        _close(torch.func.hessian(lambda z: compiled(z).sum())(x),
+               torch.func.hessian(lambda z: formula(z).sum())(x), torch.float64)
+    finally:
+        torch._dynamo.reset()

@@ -27,7 +27,7 @@ is only a first derivative, are right in plain eager autograd only. :func:`gated
 every torch API differentiates to every order, whenever (:func:`fast_path_applies`)
 
 - a ``torch.func`` transform is active (``grad``, ``vjp``, ``jacrev``, ``jacfwd``,
-  ``hessian``, ``vmap``, ``jvp``), or
+  ``hessian``, ``vmap``, ``jvp``), in eager mode or inside ``torch.compile``, or
 - a forward-mode AD level is open (``torch.autograd.forward_ad.dual_level``, which
   ``gradcheck(check_forward_ad=True)`` uses), or
 - an input is a tensor subclass or a batched tensor.
@@ -142,14 +142,18 @@ _is_legacy_batched = getattr(getattr(torch._C, "_functorch", None), "is_legacy_b
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
-def _plain_mode() -> bool:
-    """Plain eager autograd: not compiling, no torch.func transform active and no
-    forward-mode AD level open. (Private torch probes: if one is missing, say no.)"""
-    if torch.compiler.is_compiling():
-        return False
+def _transform_free() -> bool:
+    """No torch.func transform active and no forward-mode AD level open (also while
+    torch.compile traces, which evaluates both). Private torch probes: if one is missing,
+    say no."""
     if _transforms_active is None or _transforms_active():
         return False
     return getattr(_forward_ad, "_current_level", 0) < 0
+
+
+def _plain_mode() -> bool:
+    """Plain eager autograd: not compiling, no torch.func transform, no forward-AD level."""
+    return not torch.compiler.is_compiling() and _transform_free()
 
 
 def _plain_tensors(*ts: torch.Tensor) -> bool:
@@ -485,6 +489,8 @@ def _apply(fn, hidden, reference, x, query, key, value, activation):
     path does not apply (:func:`fast_path_applies`)."""
     m, r = _check_args(x, query, key, value)
     name = _fused_name(activation)
+    if not _transform_free():
+        return reference(x, query, key, value, ACTIVATIONS[name], m, r)
     if torch.compiler.is_compiling():
         # traced out of place: functionalising in-place ops on views would write whole buffers back
         if _needs_grad(x, query, key, value):
