@@ -297,3 +297,6 @@ def test_float64_before_anything_overflows():
     assert lam.isfinite().all()
     torch.testing.assert_close(lam, want)
     assert math.isclose(lam[0].item(), math.sqrt(2) * math.sqrt(2) / 2, rel_tol=1e-5)
+    # relative_change: outputs near float32's largest value, their difference beyond it
+    y = torch.tensor([3e38, -3e38])
+    assert S.relative_change(lambda x: x, lambda x: -x, y) == pytest.approx(2.0)

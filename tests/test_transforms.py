@@ -84,7 +84,7 @@ def _close(got, want, dtype):
 
 
 def _both(cls, act, rank, dtype, f):
-    """f(module, formula_flag, x, params) for the layer and for its formula; assert equal."""
+    """f(module, x, params) for the layer and for its formula; assert equal."""
     layer, formula, x, params = _setup(cls, act, rank, dtype)
     _close(f(layer, x, params), f(formula, x, params), dtype)
 
@@ -138,12 +138,10 @@ def test_forward_mode_ad(cls, act, rank, dtype, no_grad):
             primal, tangent = fwAD.unpack_dual(y)
             return primal.clone(), tangent.clone()
 
-    for seed in (5,):
-        gen.manual_seed(seed)
-        layer, formula, x, params = _setup(cls, act, rank, dtype)
-        got = f(layer, x, params)
-        gen.manual_seed(seed)
-        _close(got, f(formula, x, params), dtype)
+    layer, formula, x, params = _setup(cls, act, rank, dtype)
+    got = f(layer, x, params)
+    gen.manual_seed(5)                       # the same tangents for the formula
+    _close(got, f(formula, x, params), dtype)
 
 
 @pytest.mark.parametrize("cls,act,rank,dtype", MATRIX)
@@ -195,7 +193,7 @@ def test_gradcheck_batched_and_forward_ad(cls, act, rank, dtype):
     _gradchecks(cls, act, rank, fast_mode=True)
 
 
-@pytest.mark.parametrize("cls", LAYERS)
+@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
 def test_gradcheck_full_jacobians(cls):
     """The same checks entry by entry (slow mode), for one activation."""
     _gradchecks(cls, "gelu", 2, fast_mode=False)
@@ -253,7 +251,7 @@ COPIES = {
 
 @pytest.mark.parametrize("how", list(COPIES))
 @pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
-@pytest.mark.parametrize("act", ["silu", "identity", "gelu_tanh"])
+@pytest.mark.parametrize("act", ["silu", "identity"])
 def test_copies_save_the_same_bytes_for_backward(cls, act, how):
     torch.manual_seed(0)
     layer = cls(8, 12, rank=2, activation=act)
