@@ -290,3 +290,16 @@ def test_torch_func_inside_torch_compile(cls):
                torch.func.hessian(lambda z: formula(z).sum())(x), torch.float64)
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("Fn", [fn.GatedFn, fn.SymmetricFn])
+def test_the_autograd_functions_refuse_torch_func(Fn):
+    """Called directly under a torch.func transform the fused function would give wrong
+    second derivatives; it refuses instead (gated()/symmetric() step aside)."""
+    x, q, v = torch.randn(3, 4, dtype=torch.float64), torch.randn(2, 4, dtype=torch.float64), torch.randn(2, 3, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="only first derivatives under torch.func"):
+        torch.func.grad(lambda z: Fn.apply(z, q, q, v, "silu", 2, 1)[0].sum())(x)
+    f = fn.gated if Fn is fn.GatedFn else fn.symmetric
+    want = torch.func.grad(lambda z: f(z, q, q, v, "silu").sum())(x)
+    xg = x.clone().requires_grad_()
+    torch.testing.assert_close(torch.autograd.grad(Fn.apply(xg, q, q, v, "silu", 2, 1)[0].sum(), xg)[0], want)

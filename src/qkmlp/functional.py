@@ -338,7 +338,14 @@ def _refuse_transforms(fn_name: str) -> None:
 
 
 class _FusedBase(torch.autograd.Function):
-    """Shared plumbing: forward returns (y, ab); ab is saved, not differentiable."""
+    """Shared plumbing: forward returns (y, ab); ab is saved, not differentiable.
+    ``apply`` refuses to run under ``torch.func`` transforms (its backward is a first
+    derivative only); :func:`gated` and :func:`symmetric` step aside there."""
+
+    @classmethod
+    def apply(cls, *args, **kwargs):
+        _refuse_transforms(cls.__name__)
+        return super().apply(*args, **kwargs)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -361,7 +368,6 @@ class GatedFn(_FusedBase):
 
     @staticmethod
     def forward(x, query, key, value, name: str, m: int, r: int):
-        _refuse_transforms("GatedFn")
         return _fused_forward(_gated_hidden, x, query, key, value, name, m, r)
 
     @staticmethod
@@ -404,7 +410,6 @@ class SymmetricFn(_FusedBase):
 
     @staticmethod
     def forward(x, query, key, value, name: str, m: int, r: int):
-        _refuse_transforms("SymmetricFn")
         return _fused_forward(_symmetric_hidden, x, query, key, value, name, m, r)
 
     @staticmethod
