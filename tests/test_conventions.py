@@ -188,6 +188,8 @@ def test_freezing_and_reinitialising_the_gate_alone(cls):
         layer.key = torch.zeros(3)
     with pytest.raises(TypeError, match="query_weight = nn.Parameter"):
         layer.query = nn.Parameter(new)
+    with pytest.raises(TypeError, match="is torch.float64 on cpu, got torch.float32 on cpu"):
+        layer.query = new.float()
     assert torch.equal(layer.query, new)
 
 

@@ -289,6 +289,9 @@ class _RankRBase(_QKMLPBase):
             raise TypeError(f"layer.{name} takes a tensor of shape {tuple(target.shape)}, got {type(t).__name__}")
         if t.shape != target.shape:
             raise ValueError(f"layer.{name} has shape {tuple(target.shape)}, got a tensor of shape {tuple(t.shape)}")
+        if (t.dtype, t.device) != (target.dtype, target.device):
+            raise TypeError(f"layer.{name} is {target.dtype} on {target.device}, got {t.dtype} on {t.device}; "
+                            f"convert first (nothing is cast silently)")
         target.copy_(t)
 
     def reset_parameters(self) -> None:
