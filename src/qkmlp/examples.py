@@ -505,7 +505,7 @@ def static_versus_key_value(
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
         out1 = act(x @ K1.transpose(1, 2)) @ V1                 # σ(xKᵀ)V, (S, N, d_out)
-        out2 = act((x @ W) @ K2.transpose(1, 2)) @ V2           # σ(xW_QKᵀ)V
+        out2 = act((x @ W) @ K2.transpose(1, 2)) @ V2           # σ(x W_Q Kᵀ)V
         loss = torch.stack([((out - y) ** 2).mean(dim=(1, 2)) for out in (out1, out2)])
         loss.sum().backward()
         opt.step()

@@ -149,10 +149,10 @@ class KeyValueMLP(_QKMLPBase):
 
 
 class StaticQueryMLP(_QKMLPBase):
-    """One global query map in front of the keys: σ(xQKᵀ)V.
+    """One global query map W_Q in front of the keys: σ(x W_Q Kᵀ)V.
 
-    Parameters: ``query`` (d, d), ``key`` (m, d), ``value`` (m, d_out).
-    ``absorbed()`` returns the equal :class:`KeyValueMLP` with keys K' = KQᵀ.
+    Parameters: ``query`` = W_Q (d, d), ``key`` = K (m, d), ``value`` = V (m, d_out).
+    ``absorbed()`` returns the equal :class:`KeyValueMLP` with keys K' = K W_Qᵀ.
     """
 
     def __init__(self, d_model, d_hidden, d_out=None, *, activation="relu", device=None, dtype=None):
@@ -178,7 +178,7 @@ class StaticQueryMLP(_QKMLPBase):
 
     @torch.no_grad()
     def absorbed(self) -> KeyValueMLP:
-        """The key-value MLP with keys KQᵀ: same function, no query."""
+        """The key-value MLP with keys K W_Qᵀ: same function, no query."""
         kv = KeyValueMLP(
             self.d_model, self.d_hidden, self.d_out, activation=self.activation,
             device=self.key.device, dtype=self.key.dtype,
@@ -405,8 +405,8 @@ class GatedMLP(_RankRBase):
 
     Weights: ``query`` and ``key`` (m, r, d) are writable views of the parameters
     ``query_weight`` and ``key_weight`` (m·r, d), which at rank 1 are exactly a Llama
-    MLP's ``gate_proj.weight`` and ``up_proj.weight``; ``value`` (m, d_out) is
-    ``down_proj.weight``ᵀ. The forward pass is two GEMMs (:mod:`qkmlp.functional`).
+    MLP's ``gate_proj.weight`` and ``up_proj.weight``; ``value`` (m, d_out) is the
+    transpose of ``down_proj.weight``. The forward pass is two GEMMs (:mod:`qkmlp.functional`).
     """
 
     def __init__(self, d_model, d_hidden, d_out=None, *, rank=1, activation="silu", device=None, dtype=None):
@@ -457,7 +457,7 @@ class GatedMLP(_RankRBase):
 
     @torch.no_grad()
     def to_linear(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
-        """``(gate_proj, up_proj, down_proj)``: bias-free ``nn.Linear``s with
+        """``(gate_proj, up_proj, down_proj)``: bias-free ``nn.Linear`` layers with
         ``down(σ(gate(x)) * up(x))`` equal to this layer; the inverse of :meth:`from_linear`.
 
         Rank r gives m·r hidden units: unit j·r + s has gate q_{j,s}, up k_{j,s} and the
