@@ -53,16 +53,20 @@ def heldout_windows(tokenizer, n_windows: int, length: int, text: Optional[str] 
     return torch.tensor([ids[s:s + length] for s in starts], dtype=torch.long)
 
 
+@torch.no_grad()
 def nll_from_hidden(model, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """Mean next-token NLL per window from the final hidden states (after the final norm).
 
     hidden (B, L, d), ids (B, L) -> (B,) float64. Logits are made one window at a time
-    (a window's (L, vocab) logits are 50 MB at L = 256).
+    (a window's (L, vocab) logits are 25 MB at L = 128), in the model's dtype (float32
+    for float16 and bfloat16).
     """
     out = []
     head = model.get_output_embeddings()
     for h, t in zip(hidden, ids):
-        logits = head(h[:-1]).float()
+        logits = head(h[:-1])
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
         out.append(F.cross_entropy(logits, t[1:], reduction="mean").double())
     return torch.stack(out)
 

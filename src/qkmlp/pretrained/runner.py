@@ -128,7 +128,7 @@ def run(*, n_windows: int = 8, length: int = 128, batch_size: int = 4,
     """
     from ..bench import machine_info
 
-    start_time = time.perf_counter()
+    start_time, start_cpu = time.perf_counter(), time.process_time()
     machine = machine_info("cpu")         # commit and date as the run starts
     if model is None:
         model, tokenizer = load_smollm2(torch.float32)
@@ -275,5 +275,6 @@ def run(*, n_windows: int = 8, length: int = 128, batch_size: int = 4,
     result["meta"] = {
         "command": command, "qkmlp_version": __version__, "source": source, "versions": _versions(),
         "machine": machine, "wall_s": time.perf_counter() - start_time,
+        "cpu_s": time.process_time() - start_cpu,
     }
     return result
