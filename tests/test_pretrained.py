@@ -320,7 +320,7 @@ def test_layer_inputs_record_what_each_mlp_receives(ids):
         # what the MLP receives is the RMS-normalised stream times the norm's gain (the
         # norm's ε keeps the mean square a little under 1 for this small random stream)
         ms = (x / layer.post_attention_layernorm.weight).pow(2).mean(-1)
-        assert ((ms > 0.98) & (ms <= 1 + 1e-9)).all()
+        assert ((ms > 0.98) & (ms <= 1 + 1e-5)).all()         # (the norm runs in float32)
     assert layer_inputs(model, ids)[2] is None
 
 
@@ -459,6 +459,22 @@ def test_runner_losses_match_a_plain_recomputation(tiny_run):
         out = rerun_slice(model, tok, res, layer, kind, alpha, window=1)
         for stored, live in out.values():
             assert stored == pytest.approx(live, rel=1e-5, abs=1e-6)
+
+
+def test_every_figure_draws_from_a_results_file(tiny_run):
+    from qkmlp import figures
+    from qkmlp.pretrained import plots
+
+    _, res = tiny_run
+    calls = [(plots.plot_alignment_spread, {}), (plots.plot_cos_histogram, {}), (plots.plot_balance, {}),
+             (plots.plot_gate_inputs, {}), (plots.plot_silu_range, {"layers": (0, 2)}),
+             (plots.plot_outliers, {}), (plots.plot_layer_losses, {"kinds": ["none", "swap", "rescale:2"]}),
+             (plots.plot_local_change, {}), (plots.plot_alpha, {})]
+    for fn, kw in calls:
+        fig, ax = figures.panel()
+        assert fn(res, ax, **kw) is ax
+        assert ax.lines or ax.collections, fn.__name__
+        assert "<svg" in figures.to_svg(fig)
 
 
 def test_report_means_and_standard_errors():

@@ -59,7 +59,7 @@ def plot_cos_histogram(results: dict, ax):
         ax.plot(centres, counts, marker=mk, ms=3, color=col, label=lab, drawstyle="steps-mid")
     ax.set_yscale("log")
     ax.set_xlabel("cos(q, k)")
-    ax.set_ylabel("units (all 30 layers)")
+    ax.set_ylabel(f"units (all {len(an)} layers)")
     ax.legend(loc="upper left")
     return ax
 
