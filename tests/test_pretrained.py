@@ -26,8 +26,8 @@ from qkmlp.pretrained import (NoMLP, decoder_layers, gated_mlps, heldout_windows
                               window_losses)
 from qkmlp.pretrained import loading  # noqa: E402
 from qkmlp.pretrained.anatomy import alignment_bins, summarise  # noqa: E402
-from qkmlp.pretrained.report import (all_changes, layer_changes, load_results, loss_change,  # noqa: E402
-                                     rerun_slice, save_results)
+from qkmlp.pretrained.report import (all_changes, compare_layers, holm, layer_changes,  # noqa: E402
+                                     load_results, loss_change, paired_t, rerun_slice, save_results)
 from qkmlp.pretrained.runner import logit_check, run, spearman  # noqa: E402
 from qkmlp.pretrained.surgery import Q4_BLOCK, q4_steps, tangent_slope, with_q4_noise  # noqa: E402
 
@@ -468,7 +468,7 @@ def test_every_figure_draws_from_a_results_file(tiny_run):
     _, res = tiny_run
     calls = [(plots.plot_alignment_spread, {}), (plots.plot_cos_histogram, {}), (plots.plot_balance, {}),
              (plots.plot_gate_inputs, {}), (plots.plot_silu_range, {"layers": (0, 2)}),
-             (plots.plot_outliers, {}), (plots.plot_layer_losses, {"kinds": ["none", "swap", "rescale:2"]}),
+             (plots.plot_outliers, {}), (plots.plot_projection_shift, {}), (plots.plot_layer_losses, {"kinds": ["none", "swap", "rescale:2"]}),
              (plots.plot_local_change, {}), (plots.plot_alpha, {})]
     for fn, kw in calls:
         fig, ax = figures.panel()
@@ -488,6 +488,37 @@ def test_report_means_and_standard_errors():
     res = {"losses": {"base": base, "layer": {"swap": [None, other]}, "all": {"rescale:2": other}}}
     assert layer_changes(res, "swap")[0] is None and layer_changes(res, "swap")[1] == pytest.approx((m, se))
     assert all_changes(res, "rescale", 2) == pytest.approx((m, se))
+
+
+def test_paired_t_against_scipy():
+    from scipy.stats import ttest_rel
+
+    a, b = [1.0, 2.0, 3.0, 4.0, 2.5], [1.4, 2.1, 3.9, 4.2, 2.4]
+    got = paired_t(a, b)
+    ref = ttest_rel(b, a)
+    assert got["t"] == pytest.approx(ref.statistic) and got["p"] == pytest.approx(ref.pvalue)
+    assert paired_t(a, a) == {"mean": 0.0, "se": 0.0, "t": 0.0, "p": 1.0}
+
+
+def test_holm_step_down():
+    # m = 4: thresholds 0.0125, 0.0167, 0.025, 0.05 for the sorted p-values
+    assert holm([0.01, 0.04, 0.03, 0.005]) == [True, False, False, True]
+    assert holm([0.01, 0.015, 0.02, 0.04]) == [True, True, True, True]
+    assert holm([0.02, 0.001]) == [True, True]           # 0.001 <= 0.05/2, then 0.02 <= 0.05/1
+    assert holm([0.03, 0.026]) == [False, False]         # 0.026 > 0.05/2: nothing rejected
+    with pytest.raises(ValueError):
+        holm([0.1], level=0)
+
+
+def test_compare_layers_marks_what_survives_holm():
+    base = [1.0, 1.0, 1.0, 1.0]
+    res = {"losses": {"layer": {
+        "a": [base, base, base],
+        "b": [[1.5, 1.6, 1.55, 1.45], [1.0, 1.1, 0.9, 1.05], [1.01, 1.02, 1.0, 1.01]]}}}
+    rows = compare_layers(res, "a", "b")
+    assert [r["layer"] for r in rows] == [0, 1, 2]
+    assert rows[0]["significant"] and not rows[1]["significant"]
+    assert rows[0]["mean"] == pytest.approx(0.525)
 
 
 # --- loading the real model ----------------------------------------------------------------

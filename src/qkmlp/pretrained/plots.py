@@ -15,7 +15,7 @@ from .. import figures
 from .report import all_changes, key, layer_changes
 
 __all__ = ["LABELS", "plot_alignment_spread", "plot_cos_histogram", "plot_balance", "plot_gate_inputs",
-           "plot_silu_range", "plot_outliers", "plot_layer_losses", "plot_local_change", "plot_alpha"]
+           "plot_silu_range", "plot_projection_shift", "plot_outliers", "plot_layer_losses", "plot_local_change", "plot_alpha"]
 
 C = figures.COLORS
 
@@ -111,6 +111,20 @@ def plot_silu_range(results: dict, ax, layers: Sequence[int] = (0, 29)):
     ax.set_xlabel("z")
     ax.set_ylim(-2.2 - 0.6 * len(layers), None)
     ax.legend(loc="upper left")
+    return ax
+
+
+def plot_projection_shift(results: dict, ax):
+    """Per layer, the mean of the gate inputs a = x·q_j and of the up inputs b = x·k_j
+    over all tokens and units, in units of their standard deviation."""
+    L = _layers(results)
+    for name, col, lab, mk in (("a", C[0], "gate a = x·q", "o"), ("b", C[1], "up b = x·k", "s")):
+        ax.plot(L, [r[name]["mean"] / r[name]["sd"] for r in results["inputs"]], marker=mk, ms=3,
+                color=col, label=lab)
+    ax.axhline(0, color=C[7], lw=0.8)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("mean / sd over tokens, units")
+    ax.legend(loc="lower right")
     return ax
 
 
