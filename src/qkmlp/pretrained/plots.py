@@ -14,10 +14,16 @@ import numpy as np
 from .. import figures
 from .report import all_changes, key, layer_changes
 
-__all__ = ["LABELS", "plot_alignment_spread", "plot_cos_histogram", "plot_balance", "plot_gate_inputs",
+__all__ = ["LABELS", "COLOR", "plot_alignment_spread", "plot_cos_histogram", "plot_balance", "plot_gate_inputs",
            "plot_silu_range", "plot_projection_shift", "plot_outliers", "plot_layer_losses", "plot_local_change", "plot_alpha"]
 
 C = figures.COLORS
+
+#: One colour per intervention, the same in every figure of the chapter.
+COLOR = {"none": C[7], "swap": C[1], "symmetrized": C[2], "linear": C[3], "identity": C[4],
+         "symmetric": C[5], "rescale:2": C[0], "rescale:0.5": C[6]}
+MARKER = {"none": "o", "swap": "s", "symmetrized": "D", "linear": "^", "identity": "v",
+          "symmetric": "P", "rescale:2": "o", "rescale:0.5": "D"}
 
 #: Short labels of the interventions, as the figures and tables name them.
 LABELS = {
@@ -41,7 +47,7 @@ def plot_alignment_spread(results: dict, ax):
     ax.axhline(1 / math.sqrt(d), color=C[7], ls="--", lw=1, label="1/√d")
     ax.set_xlabel("layer")
     ax.set_ylabel("sd of cos(q, k)")
-    ax.set_ylim(0, None)
+    ax.set_ylim(0, 1.55 * max(a["cos"]["sd"] for a in an))
     ax.legend(loc="upper left")
     return ax
 
@@ -58,6 +64,8 @@ def plot_cos_histogram(results: dict, ax):
         counts[counts == 0] = np.nan
         ax.plot(centres, counts, marker=mk, ms=3, color=col, label=lab, drawstyle="steps-mid")
     ax.set_yscale("log")
+    ax.set_ylim(0.5, None)
+    ax.set_ylim(top=ax.get_ylim()[1] * 30)         # room for the legend above the peak
     ax.set_xlabel("cos(q, k)")
     ax.set_ylabel(f"units (all {len(an)} layers)")
     ax.legend(loc="upper left")
@@ -147,32 +155,42 @@ def plot_outliers(results: dict, ax):
     return ax
 
 
-def plot_layer_losses(results: dict, ax, kinds: Sequence[str], colors: Optional[Sequence[str]] = None):
+def _legend_below(ax, ncol: int = 2):
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=ncol, frameon=False,
+              handlelength=1.6, columnspacing=1.0)
+
+
+def plot_layer_losses(results: dict, ax, kinds: Sequence[str], *, log: bool = True):
     """Per layer, the held-out loss change (nats) of each intervention in ``kinds``
-    (results keys such as ``"swap"`` or ``"rescale:2"``), log scale, ± one standard error."""
-    colors = colors or C
-    markers = "osD^v<>p"
-    for i, kname in enumerate(kinds):
+    (results keys such as ``"swap"`` or ``"rescale:2"``), ± one standard error; on a
+    log scale (every change must then be positive) or a linear one."""
+    for kname in kinds:
         kind, alpha = (("rescale", float(kname.split(":")[1])) if kname.startswith("rescale:") else (kname, None))
         ch = layer_changes(results, kind, alpha)
         L = [l for l, c in enumerate(ch) if c is not None]
         m = np.array([ch[l][0] for l in L])
         s = np.array([ch[l][1] for l in L])
-        ax.errorbar(L, np.clip(m, 1e-4, None), yerr=s, fmt=markers[i % 8] + "-", ms=3, lw=1,
-                    color=colors[i], capsize=0, label=LABELS.get(kname, kname))
-    ax.set_yscale("log")
+        if log and (m <= 0).any():
+            raise ValueError(f"{kname}: a log scale needs positive changes; use log=False")
+        ax.errorbar(L, m, yerr=s, fmt=MARKER.get(kname, "o") + "-", ms=3.5, lw=1, capsize=0,
+                    color=COLOR.get(kname, C[7]), mec="k" if kname == "rescale:0.5" else None, mew=0.5,
+                    label=LABELS.get(kname, kname))
+    if log:
+        ax.set_yscale("log")
+    else:
+        ax.axhline(0, color=C[7], lw=0.8)
     ax.set_xlabel("layer")
     ax.set_ylabel("Δ held-out loss (nats)")
-    ax.legend(loc="upper left", ncol=1)
+    _legend_below(ax)
     return ax
 
 
 def plot_local_change(results: dict, ax, kinds: Sequence[str] = ("swap", "symmetrized", "linear", "rescale:2")):
     """Per layer, the relative change of the MLP's output on its own real inputs."""
     L = _layers(results)
-    for i, kname in enumerate(kinds):
-        ax.plot(L, [lc[kname] for lc in results["local_change"]], "o-", ms=3, color=C[i],
-                label=LABELS.get(kname, kname))
+    for kname in kinds:
+        ax.plot(L, [lc[kname] for lc in results["local_change"]], MARKER.get(kname, "o") + "-", ms=3,
+                color=COLOR.get(kname, C[7]), label=LABELS.get(kname, kname))
     ax.set_xlabel("layer")
     ax.set_ylabel("‖f′(x) − f(x)‖ / ‖f(x)‖")
     ax.legend(loc="upper left")
@@ -180,18 +198,22 @@ def plot_local_change(results: dict, ax, kinds: Sequence[str] = ("swap", "symmet
 
 
 def plot_alpha(results: dict, ax):
-    """Held-out loss change of q → αq, k → k/α in every layer, against |α| (log scale),
-    for α > 0 and α < 0, with the linearised (α → 0) and no-MLP levels for scale."""
-    alphas = sorted(float(a) for a in results["config"]["alphas_all"])
-    for sign, col, lab, mk in ((1, C[0], "α > 0", "o"), (-1, C[1], "α < 0", "s")):
+    """Held-out loss change of q → αq, k → k/α in every layer against |α| (log scales),
+    for α > 0 and α < 0 (α = 1, the model itself, is left out: its change is 0), with the
+    levels of the tangent layer (the α → 0 limit), the exchange and no MLP in every layer."""
+    alphas = sorted(float(a) for a in results["config"]["alphas_all"] if float(a) != 1.0)
+    for sign, lab, mk, ls in ((1, "α > 0", "o", "-"), (-1, "α < 0", "s", "--")):
         al = [a for a in alphas if a * sign > 0]
         ch = [all_changes(results, "rescale", a)[0] for a in al]
-        ax.plot([abs(a) for a in al], ch, marker=mk, ms=4, color=col, label=lab)
-    lin = all_changes(results, "linear")[0]
-    ax.axhline(lin, color=C[2], ls="--", lw=1, label="σ → tangent (α → 0)")
+        ax.plot([abs(a) for a in al], ch, marker=mk, ms=4, ls=ls, color=COLOR["rescale:2"], label=lab)
+    for kname, ls, lab in (("none", ":", "no MLP"), ("swap", "-.", "swap q↔k"), ("linear", "--", "σ → z/2")):
+        ax.axhline(all_changes(results, kname)[0], color=COLOR[kname], ls=ls, lw=1.2, label=lab)
+    ax.axvline(1.0, color=C[7], lw=0.8, alpha=0.5)
+    ax.text(1.0, 0.03, " α = 1: the model", transform=ax.get_xaxis_transform(), fontsize=figures.FONT_PT,
+            va="bottom", ha="left", color=C[7])
     ax.set_xscale("log", base=2)
-    ax.set_yscale("symlog", linthresh=0.1)
-    ax.set_xlabel("|α|")
+    ax.set_yscale("log")
+    ax.set_xlabel("|α| (every layer)")
     ax.set_ylabel("Δ held-out loss (nats)")
-    ax.legend(loc="upper right")
+    _legend_below(ax, ncol=3)
     return ax

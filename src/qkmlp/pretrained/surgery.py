@@ -9,18 +9,18 @@ ones it took out, so that :func:`mlps_replaced` can put them back.
 :func:`variant` turns one converted layer into the layers the chapter compares with it
 (each maps (..., d) to (..., d), with the same weights unless said otherwise):
 
-========== =================================================================
-kind       per hidden unit j, with a = x·q_j and b = x·k_j
-========== =================================================================
-gated      σ(a)·b (the layer itself)
-none       0 (the MLP removed: the scale of every other change)
-swap       σ(b)·a (query and key exchanged)
-rescale    σ(αa)·b/α (inverse scaling by ``alpha``; α < 0 allowed)
-identity   a·b (σ replaced by the identity: the bilinear layer)
-linear     σ'(0)·a·b (σ replaced by its tangent at 0: a·b/2 for SiLU)
+=========== ===================================================================
+kind        per hidden unit j, with a = x·q_j and b = x·k_j
+=========== ===================================================================
+gated       σ(a)·b (the layer itself)
+none        0 (the MLP removed: the scale of every other change)
+swap        σ(b)·a (query and key exchanged)
+rescale     σ(αa)·b/α (inverse scaling by ``alpha``; α < 0 allowed)
+identity    a·b (σ replaced by the identity: the bilinear layer)
+linear      σ'(0)·a·b (σ replaced by its tangent at 0: a·b/2 for SiLU)
 symmetrized ½[σ(a)·b + σ(b)·a] (:class:`~qkmlp.SymmetrizedGatedMLP`)
-symmetric  σ(a·b) (:class:`~qkmlp.SymmetricBilinearMLP`, σ outside the product)
-========== =================================================================
+symmetric   σ(a·b) (:class:`~qkmlp.SymmetricBilinearMLP`, σ outside the product)
+=========== ===================================================================
 """
 from __future__ import annotations
 
