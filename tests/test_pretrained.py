@@ -468,13 +468,17 @@ def test_every_figure_draws_from_a_results_file(tiny_run):
     _, res = tiny_run
     calls = [(plots.plot_alignment_spread, {}), (plots.plot_cos_histogram, {}), (plots.plot_balance, {}),
              (plots.plot_gate_inputs, {}), (plots.plot_silu_range, {"layers": (0, 2)}),
-             (plots.plot_outliers, {}), (plots.plot_projection_shift, {}), (plots.plot_layer_losses, {"kinds": ["none", "swap", "rescale:2"]}),
+             (plots.plot_outliers, {}), (plots.plot_projection_shift, {}),
+             (plots.plot_layer_losses, {"kinds": ["none", "swap", "rescale:2"], "log": False}),
              (plots.plot_local_change, {}), (plots.plot_alpha, {})]
     for fn, kw in calls:
         fig, ax = figures.panel()
         assert fn(res, ax, **kw) is ax
         assert ax.lines or ax.collections, fn.__name__
         assert "<svg" in figures.to_svg(fig)
+    negative = {"losses": {"base": [1.0, 1.0], "layer": {"swap": [[0.9, 0.95]]}}}
+    with pytest.raises(ValueError, match="log=False"):
+        plots.plot_layer_losses(negative, figures.panel()[1], ["swap"])
 
 
 def test_report_means_and_standard_errors():
