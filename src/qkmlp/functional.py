@@ -1,7 +1,7 @@
 """Fast paths of the factored layers: two GEMMs, a fused elementwise middle, lean memory.
 
 Both factored forms compute, for a batch x of shape (N, d), query and key weights Q, K of
-shape (m·r, d) (row j·r + s is q_{j,s}, k_{j,s}: ``nn.Linear``'s layout) and values V
+shape (m·r, d) (row j·r + s holds :math:`q_{j,s}`, :math:`k_{j,s}`: ``nn.Linear``'s layout) and values V
 of shape (m, d_out)::
 
     a, b = x @ Qᵀ, x @ Kᵀ          [a; b] is one (2, N, mr) buffer, a and b viewed as (N, m, r)

@@ -227,7 +227,7 @@ class _RankRBase(_QKMLPBase):
     """Rank-r factored forms: ``query`` and ``key`` (m, r, d), ``value`` (m, d_out).
 
     Storage: ``query_weight`` and ``key_weight`` (m·r, d) in ``nn.Linear``'s layout, row
-    j·r + s holding q_{j,s} and k_{j,s} (at rank 1 exactly a Llama MLP's
+    j·r + s holding :math:`q_{j,s}` and :math:`k_{j,s}` (at rank 1 exactly a Llama MLP's
     ``gate_proj.weight`` and ``up_proj.weight``), and ``value`` (m, d_out) = V. ``query``
     and ``key`` are (m, r, d) views of the first two. Generic initialisers
     (``for p in model.parameters(): nn.init.xavier_uniform_(p)``, ``normal_``,
@@ -261,7 +261,7 @@ class _RankRBase(_QKMLPBase):
 
     @property
     def query(self) -> torch.Tensor:
-        """q_{j,s} as ``query[j, s]``: (m, r, d), a writable view of ``query_weight``."""
+        """:math:`q_{j,s}` as ``query[j, s]``: (m, r, d), a writable view of ``query_weight``."""
         return self.query_weight.view(self.d_hidden, self.rank, self.d_model)
 
     @property
@@ -332,7 +332,7 @@ class _RankRBase(_QKMLPBase):
                                       unexpected_keys, error_msgs)
 
     def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Query and key projections x·q_{j,s}, x·k_{j,s}: (..., d) -> two (..., m, r)."""
+        r"""Query and key projections :math:`x\cdot q_{j,s}`, :math:`x\cdot k_{j,s}`: (..., d) -> two (..., m, r)."""
         self._check_input(x)
         mr = self.d_hidden * self.rank
         ab = x @ torch.cat([self.query_weight, self.key_weight]).T     # one GEMM for both
@@ -341,7 +341,7 @@ class _RankRBase(_QKMLPBase):
 
     @torch.no_grad()
     def interactions(self) -> torch.Tensor:
-        """The dense A_j = Σ_s q_{j,s}ᵀ k_{j,s}: (m, d, d)."""
+        r""":math:`A_j = \sum_s q_{j,s}^\top k_{j,s}` for every slot: (m, d, d)."""
         return torch.einsum("jsd,jse->jde", self.query, self.key)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -369,10 +369,10 @@ def _fresh_reshape(y: torch.Tensor, shape) -> torch.Tensor:
 
 
 class SymmetricBilinearMLP(_RankRBase):
-    """Symmetric rank-r bilinear MLP: Σ_j σ(Σ_s (x·q_{j,s})(x·k_{j,s})) v_j.
+    r"""Symmetric rank-r bilinear MLP: :math:`\sum_j \sigma\big(\sum_s (x\cdot q_{j,s})(x\cdot k_{j,s})\big)\, v_j`.
 
     σ sits outside the rank sum, so the layer equals :class:`BilinearAttentionMLP` with
-    A_j = Σ_s q_{j,s}ᵀ k_{j,s} (``to_dense()``). Rank 1: σ((xQᵀ) ⊙ (xKᵀ))V.
+    :math:`A_j = \sum_s q_{j,s}^\top k_{j,s}` (``to_dense()``). Rank 1: σ((xQᵀ) ⊙ (xKᵀ))V.
 
     Weights: ``query`` and ``key`` (m, r, d) are writable views of the parameters
     ``query_weight`` and ``key_weight`` (m·r, d); ``value`` (m, d_out) is a parameter. The
@@ -398,7 +398,7 @@ class SymmetricBilinearMLP(_RankRBase):
 
 
 class GatedMLP(_RankRBase):
-    """Gated rank-r MLP: Σ_j [Σ_s σ(x·q_{j,s})(x·k_{j,s})] v_j.
+    r"""Gated rank-r MLP: :math:`\sum_j \big[\sum_s \sigma(x\cdot q_{j,s})\,(x\cdot k_{j,s})\big]\, v_j`.
 
     Rank 1 is (σ(xQᵀ) ⊙ (xKᵀ))V: query = gate, key = up, value = downᵀ, so
     SwiGLU (silu), GEGLU (gelu), ReGLU (relu) and bilinear (identity) are all this layer.
@@ -460,7 +460,7 @@ class GatedMLP(_RankRBase):
         """``(gate_proj, up_proj, down_proj)``: bias-free ``nn.Linear`` layers with
         ``down(σ(gate(x)) * up(x))`` equal to this layer; the inverse of :meth:`from_linear`.
 
-        Rank r gives m·r hidden units: unit j·r + s has gate q_{j,s}, up k_{j,s} and the
+        Rank r gives m·r hidden units: unit j·r + s has gate :math:`q_{j,s}`, up :math:`k_{j,s}` and the
         down column v_j (each value repeated r times). Shapes: gate and up (m·r, d),
         down (d_out, m·r). The weights are copies, on this layer's device and dtype.
         """
@@ -476,8 +476,8 @@ class GatedMLP(_RankRBase):
 
 
 class SymmetrizedGatedMLP(_RankRBase):
-    """The q ↔ k-symmetrised gated MLP: Σ_j [Σ_s ½(σ(x·q_{j,s})(x·k_{j,s})
-    + σ(x·k_{j,s})(x·q_{j,s}))] v_j.
+    r"""The q ↔ k-symmetrised gated MLP:
+    :math:`\sum_j \big[\sum_s \tfrac12\big(\sigma(x\cdot q_{j,s})(x\cdot k_{j,s}) + \sigma(x\cdot k_{j,s})(x\cdot q_{j,s})\big)\big]\, v_j`.
 
     The exact exchange-symmetric control of :class:`GatedMLP`: the same σ on the same
     linear forms and the same parameters, averaged over the swap q ↔ k, so swapping
