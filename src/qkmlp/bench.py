@@ -53,6 +53,8 @@ __all__ = [
     "pooled_paired_ratio",
     "format_paired",
     "verdict",
+    "aa_spread",
+    "control_verdict",
     "TARGETS",
     "bench_headline",
     "bench_rank",
@@ -223,6 +225,25 @@ def pooled_paired_ratio(headlines: list, candidate: str, table: str = "forward_b
     return median_interval(ratios, level)
 
 
+def aa_spread(headlines: list, key: str = "fwd_bwd_vs_llama", control: str = "llama_mlp_copy") -> tuple:
+    """(lo, hi): the union of the A/A control's paired 95 % intervals for ``key`` over
+    several headline results, widened to contain 1. Two identical workloads drift this
+    far apart on the machine, so a smaller effect is no evidence."""
+    if not headlines:
+        raise ValueError("aa_spread needs at least one headline result")
+    ps = [h["paired_ratios"][control][key] for h in headlines]
+    return (min(1.0, *(p["lo"] for p in ps)), max(1.0, *(p["hi"] for p in ps)))
+
+
+def control_verdict(p: dict, spread: tuple) -> str:
+    """'faster' if the interval [p['lo'], p['hi']] of a ratio to the Llama MLP lies wholly
+    below the A/A ``spread``, 'slower' if wholly above, else 'parity'."""
+    lo, hi = spread
+    if lo > hi or p["lo"] > p["hi"]:
+        raise ValueError(f"expected ordered intervals, got {p['lo']}, {p['hi']} and {spread}")
+    return "faster" if p["hi"] < lo else ("slower" if p["lo"] > hi else "parity")
+
+
 #: The headline targets: (ratio key, goal), a ratio at most the goal meets it.
 TARGETS = {"fwd_vs_floor": 1.10, "fwd_vs_llama": 1.0, "fwd_bwd_vs_llama": 1.0, "saved_bytes_vs_llama": 0.75}
 
@@ -280,7 +301,7 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
 
     ga, gb = torch.randn(2, n, m, generator=g).to(**fk)
 
-    def floor():                 # the forward GEMMs of (ch09-eq-two-gemms): [A B] by halves, H·V
+    def floor():                 # the forward GEMMs of (ch10-eq-two-gemms): [A B] by halves, H·V
         x @ w_q.T
         x @ w_k.T
         h @ v
