@@ -61,7 +61,8 @@ def test_tiny_headline_records_op_counts_and_allocator(tmp_path):
     assert hl["config"]["dtype"] == "bfloat16"
     oc = hl["op_counts"]
     assert oc["gated_mlp"]["forward"]["conversions"] == 0
-    assert oc["gated_mlp"]["forward"]["elementwise"] <= oc["llama_mlp"]["forward"]["elementwise"]
+    assert (oc["gated_mlp"]["forward_activations"]["elementwise"]
+            <= oc["llama_mlp"]["forward_activations"]["elementwise"])
     assert oc["gated_mlp"]["forward_backward"]["conversions"] == 0
     assert res["suites"]["headline"][0]["paired_ratios"]["llama_mlp_copy"]["fwd_vs_llama"]["n"] == 3
     bench.set_allocator("default")
@@ -78,3 +79,19 @@ def test_stack_peak_grows_with_depth_and_reads_back():
     assert row["ratio"] == 0.75 and row["llama_mib"] == 4.0
     with pytest.raises(ValueError, match="kind"):
         bench.stack_step_peak("nope", 1, d=4, m=8, n=2)
+
+
+def test_verdicts_need_the_interval_outside_the_aa_spread():
+    def hl(lo, hi):
+        return {"paired_ratios": {"llama_mlp_copy": {"fwd_vs_llama": {"lo": lo, "hi": hi}}}}
+
+    spread = bench.aa_spread([hl(0.98, 1.03), hl(0.99, 1.05)], "fwd_vs_llama")
+    assert spread == (0.98, 1.05)
+    assert bench.aa_spread([hl(1.01, 1.02)], "fwd_vs_llama") == (1.0, 1.02)   # contains 1
+    assert bench.control_verdict({"lo": 0.90, "hi": 0.97}, spread) == "faster"
+    assert bench.control_verdict({"lo": 0.90, "hi": 0.99}, spread) == "parity"
+    assert bench.control_verdict({"lo": 1.06, "hi": 1.10}, spread) == "slower"
+    with pytest.raises(ValueError):
+        bench.control_verdict({"lo": 1.0, "hi": 0.9}, spread)
+    with pytest.raises(ValueError):
+        bench.aa_spread([], "fwd_vs_llama")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import statistics
@@ -256,13 +257,13 @@ def verdict(lo: float, hi: float, goal: float) -> str:
     return "met" if hi <= goal else ("not met" if lo > goal else "parity")
 
 
-def _counts_only(fn, no_grad: bool = False) -> dict:
+def _counts_only(fn, no_grad: bool = False, min_numel: int = 0) -> dict:
     """:func:`op_counts` without the per-op table (for stored results)."""
     if no_grad:
         with torch.no_grad():
-            c = op_counts(fn)
+            c = op_counts(fn, min_numel)
     else:
-        c = op_counts(fn)
+        c = op_counts(fn, min_numel)
     return {"conversions": c["conversions"], "elementwise": c["elementwise"]}
 
 
@@ -298,6 +299,10 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
     h = torch.randn(n, m, generator=g).to(**fk)
     w_q, w_k = gated.query_weight.detach(), gated.key_weight.detach()
     v = gated.value.detach()
+    if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
+        # the layout nn.Linear and the layers multiply by (half GEMMs on CPU are many
+        # times slower with a row-major (m, d_out) second operand)
+        v = v.T.contiguous().T
 
     ga, gb = torch.randn(2, n, m, generator=g).to(**fk)
 
@@ -387,6 +392,10 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
             mod, ps = mods[k]
             counts[k] = {"forward": _counts_only(lambda mod=mod: mod(x), no_grad=True),
                          "forward_backward": _counts_only(_fwd_bwd(mod, xg, ps, gy))}
+            if n * m > m * d:          # passes over activations only (larger than any weight)
+                counts[k]["forward_activations"] = _counts_only(lambda mod=mod: mod(x), True, n * m)
+                counts[k]["forward_backward_activations"] = _counts_only(_fwd_bwd(mod, xg, ps, gy),
+                                                                         min_numel=n * m)
     return {
         "op_counts": counts,
         "config": {"d": d, "m": m, "n": n, "dtype": str(dtype).replace("torch.", ""), "device": str(device),
@@ -458,28 +467,34 @@ ELEMENTWISE_OPS = frozenset({
 })
 
 
-def op_counts(fn: Callable[[], object]) -> dict:
+def op_counts(fn: Callable[[], object], min_numel: int = 0) -> dict:
     """How many times each aten op runs in ``fn()``, from ``torch.profiler`` (CPU).
 
     Returns {"conversions": n, "elementwise": n, "ops": {name: count}}; ``conversions``
     and ``elementwise`` count the ops of :data:`CONVERSION_OPS` and
     :data:`ELEMENTWISE_OPS` (``aten::copy_`` only outside a conversion, where it is the
-    conversion's own pass).
+    conversion's own pass) whose largest input has at least ``min_numel`` elements: with
+    ``min_numel`` above the size of every weight, only the passes over activations count
+    (on CPU the half-precision layers copy V, (m, d_out), into ``nn.Linear``'s layout).
     """
     from collections import Counter
 
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         fn()
     events = prof.events()
     ops = Counter(e.name for e in events)
+
+    def big(e):
+        sizes = [math.prod(s) for s in (e.input_shapes or []) if isinstance(s, (list, tuple)) and s]
+        return max(sizes, default=0) >= min_numel
+
     conv_ids = {e.id for e in events if e.name in CONVERSION_OPS}
-    nested_copies = sum(1 for e in events if e.name == "aten::copy_"
-                        and _has_ancestor(e, conv_ids))
-    elem = sum(c for k, c in ops.items() if k in ELEMENTWISE_OPS) - nested_copies
-    return {"conversions": sum(ops[k] for k in CONVERSION_OPS), "elementwise": elem,
-            "ops": dict(ops)}
+    conv = sum(1 for e in events if e.name in CONVERSION_OPS and big(e))
+    elem = sum(1 for e in events if e.name in ELEMENTWISE_OPS and big(e)
+               and not (e.name == "aten::copy_" and _has_ancestor(e, conv_ids)))
+    return {"conversions": conv, "elementwise": elem, "ops": dict(ops)}
 
 
 def _has_ancestor(e, ids) -> bool:

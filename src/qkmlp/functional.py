@@ -300,6 +300,19 @@ def _plain_backward(ctx, reference, grad_y):
     return (*(next(grads) if need else None for need in ctx.needs_input_grad[:4]), None, None, None)
 
 
+def _times_value(h: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """y = h @ V, V of shape (m, d_out).
+
+    On CPU in bfloat16 and float16, PyTorch's GEMM is many times slower when its second
+    operand is row-major (m, d_out) than when it is the transpose of a row-major
+    (d_out, m) matrix, the layout of ``nn.Linear``'s weight. There V is copied into that
+    layout first (m·d_out numbers, against N·m·d_out multiply-adds for the GEMM); the
+    product is the same matrix product, in the order ``F.linear`` computes it."""
+    if value.device.type == "cpu" and value.dtype in (torch.bfloat16, torch.float16):
+        return F.linear(h, value.T.contiguous())
+    return h @ value
+
+
 def _fused_forward(hidden, x, query, key, value, name, m, r, scratch=False):
     """(y, [a; b]) with [a; b] (2, N, mr) from :func:`_project` and y = hidden([a; b])·V:
     both fused forwards.
@@ -308,7 +321,7 @@ def _fused_forward(hidden, x, query, key, value, name, m, r, scratch=False):
     may overwrite [a; b] (inference)."""
     ab = _project(x, query, key)
     h = hidden(name, ab, m, r, x.dtype, scratch=scratch)   # the middle in x's own dtype
-    return h @ value, ab
+    return _times_value(h, value), ab
 
 
 def _backward(ctx, grad_y, reference, rule):
@@ -527,14 +540,14 @@ def gated_reference(x, query, key, value, activation: Callable, m: int, r: int) 
     """Plain-autograd gated path (any callable σ; elementwise math in x's dtype)."""
     cdt = x.dtype
     a, b = _split(_project(x, query, key), m, r, cdt)
-    return _sum_rank(activation(a) * b).to(x.dtype) @ value
+    return _times_value(_sum_rank(activation(a) * b).to(x.dtype), value)
 
 
 def symmetric_reference(x, query, key, value, activation: Callable, m: int, r: int) -> torch.Tensor:
     """Plain-autograd symmetric path (any callable σ; elementwise math in x's dtype)."""
     cdt = x.dtype
     a, b = _split(_project(x, query, key), m, r, cdt)
-    return activation(_sum_rank(a * b)).to(x.dtype) @ value
+    return _times_value(activation(_sum_rank(a * b)).to(x.dtype), value)
 
 
 def symmetrized_reference(x, query, key, value, activation: Callable, m: int, r: int) -> torch.Tensor:
@@ -542,4 +555,4 @@ def symmetrized_reference(x, query, key, value, activation: Callable, m: int, r:
     (any callable σ; elementwise math in x's dtype)."""
     cdt = x.dtype
     a, b = _split(_project(x, query, key), m, r, cdt)
-    return (0.5 * _sum_rank(activation(a) * b + activation(b) * a)).to(x.dtype) @ value
+    return _times_value((0.5 * _sum_rank(activation(a) * b + activation(b) * a)).to(x.dtype), value)
