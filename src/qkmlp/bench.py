@@ -68,6 +68,8 @@ __all__ = [
     "op_counts",
     "ELEMENTWISE_OPS",
     "CONVERSION_OPS",
+    "ResidualBlock",
+    "make_mlp",
     "stack_step_peak",
     "bench_stack",
     "stack_ratios",
@@ -508,7 +510,7 @@ def _has_ancestor(e, ids) -> bool:
 
 # --- peak memory of a residual stack's training step -----------------------------------
 
-class _Block(nn.Module):
+class ResidualBlock(nn.Module):
     """x + mlp(RMSNorm(x)): one pre-norm residual block without attention."""
 
     def __init__(self, mlp: nn.Module, d: int, **fk):
@@ -520,7 +522,8 @@ class _Block(nn.Module):
         return x + self.mlp(self.norm(x))
 
 
-def _make_mlp(kind: str, d: int, m: int, **fk) -> nn.Module:
+def make_mlp(kind: str, d: int, m: int, **fk) -> nn.Module:
+    """A ``LlamaMLP``, rank-1 ``GatedMLP`` or ``SymmetricBilinearMLP`` of widths d, m by name."""
     if kind == "llama_mlp":
         return LlamaMLP(d, m, **fk)
     if kind == "gated_mlp":
@@ -544,7 +547,7 @@ def stack_step_peak(kind: str, blocks: int, *, d: int = 512, m: int = 1376, n: i
 
     torch.manual_seed(seed)
     fk = {"dtype": dtype}
-    model = nn.Sequential(*[_Block(_make_mlp(kind, d, m, **fk), d, **fk) for _ in range(blocks)])
+    model = nn.Sequential(*[ResidualBlock(make_mlp(kind, d, m, **fk), d, **fk) for _ in range(blocks)])
     x = torch.randn(n, d, dtype=dtype)
     for p in model.parameters():              # gradient buffers exist before the step
         p.grad = torch.zeros_like(p)
