@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import statistics
@@ -53,6 +54,8 @@ __all__ = [
     "pooled_paired_ratio",
     "format_paired",
     "verdict",
+    "aa_spread",
+    "control_verdict",
     "TARGETS",
     "bench_headline",
     "bench_rank",
@@ -60,6 +63,18 @@ __all__ = [
     "run",
     "format_report",
     "machine_info",
+    "set_allocator",
+    "allocator_settings",
+    "op_counts",
+    "ELEMENTWISE_OPS",
+    "CONVERSION_OPS",
+    "ResidualBlock",
+    "make_mlp",
+    "stack_step_peak",
+    "bench_stack",
+    "stack_ratios",
+    "headline_sizes",
+    "store_path",
     "main",
 ]
 
@@ -213,6 +228,25 @@ def pooled_paired_ratio(headlines: list, candidate: str, table: str = "forward_b
     return median_interval(ratios, level)
 
 
+def aa_spread(headlines: list, key: str = "fwd_bwd_vs_llama", control: str = "llama_mlp_copy") -> tuple:
+    """(lo, hi): the union of the A/A control's paired 95 % intervals for ``key`` over
+    several headline results, widened to contain 1. Two identical workloads drift this
+    far apart on the machine, so a smaller effect is no evidence."""
+    if not headlines:
+        raise ValueError("aa_spread needs at least one headline result")
+    ps = [h["paired_ratios"][control][key] for h in headlines]
+    return (min(1.0, *(p["lo"] for p in ps)), max(1.0, *(p["hi"] for p in ps)))
+
+
+def control_verdict(p: dict, spread: tuple) -> str:
+    """'faster' if the interval [p['lo'], p['hi']] of a ratio to the Llama MLP lies wholly
+    below the A/A ``spread``, 'slower' if wholly above, else 'parity'."""
+    lo, hi = spread
+    if lo > hi or p["lo"] > p["hi"]:
+        raise ValueError(f"expected ordered intervals, got {p['lo']}, {p['hi']} and {spread}")
+    return "faster" if p["hi"] < lo else ("slower" if p["lo"] > hi else "parity")
+
+
 #: The headline targets: (ratio key, goal), a ratio at most the goal meets it.
 TARGETS = {"fwd_vs_floor": 1.10, "fwd_vs_llama": 1.0, "fwd_bwd_vs_llama": 1.0, "saved_bytes_vs_llama": 0.75}
 
@@ -223,6 +257,16 @@ def verdict(lo: float, hi: float, goal: float) -> str:
     if lo > hi:
         raise ValueError(f"expected lo <= hi, got {lo} > {hi}")
     return "met" if hi <= goal else ("not met" if lo > goal else "parity")
+
+
+def _counts_only(fn, no_grad: bool = False, min_numel: int = 0) -> dict:
+    """:func:`op_counts` without the per-op table (for stored results)."""
+    if no_grad:
+        with torch.no_grad():
+            c = op_counts(fn, min_numel)
+    else:
+        c = op_counts(fn, min_numel)
+    return {"conversions": c["conversions"], "elementwise": c["elementwise"]}
 
 
 def _fwd_bwd(module_fn, x, params, gy):
@@ -257,10 +301,14 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
     h = torch.randn(n, m, generator=g).to(**fk)
     w_q, w_k = gated.query_weight.detach(), gated.key_weight.detach()
     v = gated.value.detach()
+    if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
+        # the layout nn.Linear and the layers multiply by (half GEMMs on CPU are many
+        # times slower with a row-major (m, d_out) second operand)
+        v = v.T.contiguous().T
 
     ga, gb = torch.randn(2, n, m, generator=g).to(**fk)
 
-    def floor():                 # the forward GEMMs of (ch09-eq-two-gemms): [A B] by halves, H·V
+    def floor():                 # the forward GEMMs of (ch10-eq-two-gemms): [A B] by halves, H·V
         x @ w_q.T
         x @ w_k.T
         h @ v
@@ -340,13 +388,195 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
                        for key, p in paired[k].items() if key in TARGETS}
         sb = ratios[k]["saved_bytes_vs_llama"]          # exact, so lo = hi
         verdicts[k]["saved_bytes_vs_llama"] = verdict(sb, sb, TARGETS["saved_bytes_vs_llama"])
+    counts = {}
+    if not compile_backend:
+        for k in ("llama_mlp", *layers):
+            mod, ps = mods[k]
+            counts[k] = {"forward": _counts_only(lambda mod=mod: mod(x), no_grad=True),
+                         "forward_backward": _counts_only(_fwd_bwd(mod, xg, ps, gy))}
+            if n * m > m * d:          # passes over activations only (larger than any weight)
+                counts[k]["forward_activations"] = _counts_only(lambda mod=mod: mod(x), True, n * m)
+                counts[k]["forward_backward_activations"] = _counts_only(_fwd_bwd(mod, xg, ps, gy),
+                                                                         min_numel=n * m)
     return {
+        "op_counts": counts,
         "config": {"d": d, "m": m, "n": n, "dtype": str(dtype).replace("torch.", ""), "device": str(device),
                    "reps_fwd": reps, "reps_fwd_bwd": reps, "compile_backend": compile_backend},
         "forward": t_fwd, "forward_backward": t_fb, "saved_bytes": mem, "ratios": ratios,
         "ratios_of_minima": ratios_of_minima, "paired_ratios": paired, "verdicts": verdicts,
         "loadavg_start": load_start, "loadavg_end": _loadavg(),
     }
+
+
+# --- allocator control ------------------------------------------------------------------
+
+#: glibc mallopt parameters (malloc.h): M_TRIM_THRESHOLD, M_MMAP_THRESHOLD.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_ALLOCATOR: dict = {"mode": "default"}
+
+
+def set_allocator(mode: str = "tuned") -> dict:
+    """Fix glibc malloc's thresholds in this process so that big buffers are reused.
+
+    With glibc's defaults a freed buffer above the (dynamic) mmap threshold goes back to
+    the OS and the next allocation of it is fresh memory, zeroed page by page on first
+    touch (minor page faults): whether that happens depends on the order of earlier
+    allocations, which made some runs bimodal. ``"tuned"`` sets M_MMAP_THRESHOLD to its
+    maximum (32 MiB on 64-bit) and M_TRIM_THRESHOLD to 1 GiB, so buffers below 32 MiB
+    stay in the heap; ``"default"`` changes nothing. Returns what was applied (recorded
+    in :func:`machine_info`); ``applied`` is False where there is no glibc.
+    """
+    if mode not in ("tuned", "default"):
+        raise ValueError(f"allocator mode must be 'tuned' or 'default', got {mode!r}")
+    info = {"mode": mode, "applied": False}
+    if mode == "tuned":
+        try:
+            import ctypes
+            libc = ctypes.CDLL("libc.so.6")
+            ok = (libc.mallopt(_M_MMAP_THRESHOLD, 32 * 2**20) == 1
+                  and libc.mallopt(_M_TRIM_THRESHOLD, 2**30) == 1)
+            info.update(applied=ok, mmap_threshold=32 * 2**20, trim_threshold=2**30)
+        except OSError:
+            pass
+    _ALLOCATOR.clear()
+    _ALLOCATOR.update(info)
+    return info
+
+
+def allocator_settings() -> dict:
+    """The allocator and threading settings of this process: :func:`set_allocator`'s
+    record, the ``MALLOC_*`` / ``OMP_NUM_THREADS`` environment, torch's thread counts and
+    the CPUs the process may run on."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "OMP_", "MKL_", "GOMP_"))}
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = None
+    return {"malloc": dict(_ALLOCATOR), "env": env, "torch_threads": torch.get_num_threads(),
+            "torch_interop_threads": torch.get_num_interop_threads(), "affinity": cpus}
+
+
+# --- op counts ----------------------------------------------------------------------------
+
+#: aten ops that convert between dtypes (one full pass over their input each).
+CONVERSION_OPS = frozenset({"aten::_to_copy"})
+#: aten elementwise kernels of the MLP middle and its backward (each one full pass).
+ELEMENTWISE_OPS = frozenset({
+    "aten::silu", "aten::silu_", "aten::silu_backward", "aten::mul", "aten::mul_",
+    "aten::add", "aten::add_", "aten::sigmoid", "aten::sigmoid_", "aten::gelu",
+    "aten::gelu_backward", "aten::sum", "aten::copy_", "aten::clone", "aten::stack",
+    "aten::cat",
+})
+
+
+def op_counts(fn: Callable[[], object], min_numel: int = 0) -> dict:
+    """How many times each aten op runs in ``fn()``, from ``torch.profiler`` (CPU).
+
+    Returns {"conversions": n, "elementwise": n, "ops": {name: count}}; ``conversions``
+    and ``elementwise`` count the ops of :data:`CONVERSION_OPS` and
+    :data:`ELEMENTWISE_OPS` (``aten::copy_`` only outside a conversion, where it is the
+    conversion's own pass) whose largest input has at least ``min_numel`` elements: with
+    ``min_numel`` above the size of every weight, only the passes over activations count
+    (on CPU the half-precision layers copy V, (m, d_out), into ``nn.Linear``'s layout).
+    """
+    from collections import Counter
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        fn()
+    events = prof.events()
+    ops = Counter(e.name for e in events)
+
+    def big(e):
+        sizes = [math.prod(s) for s in (e.input_shapes or []) if isinstance(s, (list, tuple)) and s]
+        return max(sizes, default=0) >= min_numel
+
+    conv_ids = {e.id for e in events if e.name in CONVERSION_OPS}
+    conv = sum(1 for e in events if e.name in CONVERSION_OPS and big(e))
+    elem = sum(1 for e in events if e.name in ELEMENTWISE_OPS and big(e)
+               and not (e.name == "aten::copy_" and _has_ancestor(e, conv_ids)))
+    return {"conversions": conv, "elementwise": elem, "ops": dict(ops)}
+
+
+def _has_ancestor(e, ids) -> bool:
+    p = e.cpu_parent
+    while p is not None:
+        if p.id in ids:
+            return True
+        p = p.cpu_parent
+    return False
+
+
+# --- peak memory of a residual stack's training step -----------------------------------
+
+class ResidualBlock(nn.Module):
+    """x + mlp(RMSNorm(x)): one pre-norm residual block without attention."""
+
+    def __init__(self, mlp: nn.Module, d: int, **fk):
+        super().__init__()
+        self.norm = nn.RMSNorm(d, **fk)
+        self.mlp = mlp
+
+    def forward(self, x):
+        return x + self.mlp(self.norm(x))
+
+
+def make_mlp(kind: str, d: int, m: int, **fk) -> nn.Module:
+    """A ``LlamaMLP``, rank-1 ``GatedMLP`` or ``SymmetricBilinearMLP`` of widths d, m by name."""
+    if kind == "llama_mlp":
+        return LlamaMLP(d, m, **fk)
+    if kind == "gated_mlp":
+        return GatedMLP(d, m, **fk)
+    if kind == "symmetric_mlp":
+        return SymmetricBilinearMLP(d, m, **fk)
+    raise ValueError(f"kind must be llama_mlp, gated_mlp or symmetric_mlp, got {kind!r}")
+
+
+def stack_step_peak(kind: str, blocks: int, *, d: int = 512, m: int = 1376, n: int = 2048,
+                    dtype=torch.float32, seed: int = 0) -> dict:
+    """Peak resident memory of one training step of ``blocks`` residual blocks.
+
+    Meant for a fresh process (see :func:`bench_stack`): builds the stack and its input,
+    records the resident high-water mark (``ru_maxrss``) before the step, runs
+    forward, ``loss.backward()`` with the gradients of every parameter, and records it
+    after. Returns bytes: ``before`` and ``after`` high-water marks and ``step`` =
+    after - before, the memory the step itself added on top of weights and input.
+    """
+    import resource
+
+    torch.manual_seed(seed)
+    fk = {"dtype": dtype}
+    model = nn.Sequential(*[ResidualBlock(make_mlp(kind, d, m, **fk), d, **fk) for _ in range(blocks)])
+    x = torch.randn(n, d, dtype=dtype)
+    for p in model.parameters():              # gradient buffers exist before the step
+        p.grad = torch.zeros_like(p)
+    kib = 1024 if sys.platform != "darwin" else 1
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * kib
+    loss = model(x).float().square().mean()
+    loss.backward()
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * kib
+    return {"kind": kind, "blocks": blocks, "dtype": str(dtype).replace("torch.", ""),
+            "before": before, "after": after, "step": after - before}
+
+
+def bench_stack(kinds=("llama_mlp", "gated_mlp"), blocks=(1, 2, 4, 8), dtypes=("float32", "bfloat16"),
+                *, d: int = 512, m: int = 1376, n: int = 2048, repeats: int = 1) -> dict:
+    """:func:`stack_step_peak` for every kind × depth × dtype, each in a fresh process
+    (``python -m qkmlp.bench --stack-child``), the same allocator settings in each,
+    ``repeats`` times, in an interleaved order. Returns the config and every record."""
+    import random
+
+    jobs = [(k, b, dt) for _ in range(repeats) for dt in dtypes for b in blocks for k in kinds]
+    random.Random(0).shuffle(jobs)
+    recs = []
+    for k, b, dt in jobs:
+        cmd = [sys.executable, "-m", "qkmlp.bench", "--stack-child", f"{k},{b},{dt},{d},{m},{n}",
+               "--allocator", _ALLOCATOR.get("mode", "default")]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
+        recs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return {"config": {"kinds": list(kinds), "blocks": list(blocks), "dtypes": list(dtypes), "d": d,
+                       "m": m, "n": n, "repeats": repeats}, "records": recs}
 
 
 def bench_rank(d: int = 512, m: int = 344, n: int = 256, ranks=(1, 2, 4, 8, 16), *, dtype=torch.float32,
@@ -457,6 +687,7 @@ def machine_info(device="cpu") -> dict:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "git_commit": _git_commit(),
         "library_uncommitted_changes": _library_changed(),
+        "allocator": allocator_settings(),
     }
     if _loadavg() is not None:
         info["loadavg"] = _loadavg()
@@ -474,15 +705,21 @@ def run(suites=("headline", "rank", "size"), *, device="cpu", dtype=None, sizes:
     :func:`bench_headline`).
     """
     dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda: torch.cuda.is_available() is False here (no GPU or a "
+                           "CPU-only torch build); nothing was measured")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda, got {device!r}")
     cuda = dev.type == "cuda"
-    dtype = dtype or (torch.bfloat16 if cuda else torch.float32)
+    dtype = dtype or headline_sizes(dev.type)["dtype"]
     sizes = dict(sizes or {})
     res = {"machine": machine_info(dev), "suites": {}}
     kw = {"device": dev, "dtype": dtype}
     if reps:
         kw["reps"] = reps
     if "headline" in suites:
-        d, m, ns = (4096, 11008, (1, 128, 2048, 8192)) if cuda else (512, 1376, (2048,))
+        hs = headline_sizes(dev.type)
+        d, m, ns = hs["d"], hs["m"], hs["ns"]
         res["suites"]["headline"] = [
             bench_headline(sizes.get("d", d), sizes.get("m", m), n, compile_backend=compile_backend, **kw)
             for n in sizes.get("ns", ns)]
@@ -492,7 +729,35 @@ def run(suites=("headline", "rank", "size"), *, device="cpu", dtype=None, sizes:
     if "size" in suites:
         res["suites"]["size"] = bench_size(tuple(sizes.get("size_ds", (64, 128, 256, 512))),
                                            sizes.get("size_m", 344), sizes.get("size_n", 256), **kw)
+    if "stack" in suites:
+        res["suites"]["stack"] = bench_stack(
+            blocks=tuple(sizes.get("stack_blocks", (1, 2, 4, 8))),
+            dtypes=tuple(sizes.get("stack_dtypes", ("float32", "bfloat16"))),
+            d=sizes.get("d", 512), m=sizes.get("m", 1376), n=sizes.get("stack_n", 2048),
+            repeats=sizes.get("stack_repeats", 1))
     return res
+
+
+def headline_sizes(device_type: str = "cpu") -> dict:
+    """Default headline sizes and dtype: CPU d = 512, m = 1376, N = 2048 in float32; CUDA
+    the Llama-7B MLP, d = 4096, m = 11008, N in (1, 128, 2048, 8192), bfloat16."""
+    if device_type == "cuda":
+        return {"d": 4096, "m": 11008, "ns": (1, 128, 2048, 8192), "dtype": torch.bfloat16}
+    if device_type == "cpu":
+        return {"d": 512, "m": 1376, "ns": (2048,), "dtype": torch.float32}
+    raise ValueError(f"device type must be cpu or cuda, got {device_type!r}")
+
+
+def store_path(directory: str, tag: str) -> str:
+    """A new file name ``DIRECTORY/TAG_<UTC date and time>.json`` that does not exist yet:
+    stored runs are kept, never overwritten."""
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = os.path.join(directory, f"{tag}_{stamp}.json")
+    i = 1
+    while os.path.exists(path):
+        path = os.path.join(directory, f"{tag}_{stamp}_{i}.json")
+        i += 1
+    return path
 
 
 def _ms(s: float) -> str:
@@ -562,7 +827,31 @@ def format_report(res: dict) -> str:
                   f"{'d':>6s} " + " ".join(f"{k:>10s}" for k in next(iter(sz['forward_median_s'].values())))]
         for d, row in sz["forward_median_s"].items():
             lines.append(f"{d:>6s} " + " ".join(f"{1e3 * v:10.3f}" for v in row.values()))
+    if "stack" in res["suites"]:
+        st = res["suites"]["stack"]
+        c = st["config"]
+        lines += ["", f"stack: residual blocks RMSNorm + MLP, d={c['d']} m={c['m']} N={c['n']}, "
+                      "peak RSS added by one training step (MiB, fresh process each)"]
+        for row in stack_ratios(st):
+            lines.append(f"  {row['dtype']:9s} blocks {row['blocks']:2d}: llama {row['llama_mib']:8.1f}  "
+                         f"gated {row['gated_mib']:8.1f}  ratio {row['ratio']:.3f}")
     return "\n".join(lines)
+
+
+def stack_ratios(stack: dict) -> list:
+    """Per dtype and depth: the median step peak (MiB) of the Llama-style and gated stacks
+    over the repeats of :func:`bench_stack`, and their ratio."""
+    rows = []
+    c = stack["config"]
+    for dt in c["dtypes"]:
+        for b in c["blocks"]:
+            med = {k: statistics.median(r["step"] for r in stack["records"]
+                                        if r["kind"] == k and r["blocks"] == b and r["dtype"] == dt)
+                   for k in ("llama_mlp", "gated_mlp")}
+            rows.append({"dtype": dt, "blocks": b, "llama_mib": med["llama_mlp"] / 2**20,
+                         "gated_mib": med["gated_mlp"] / 2**20,
+                         "ratio": med["gated_mlp"] / med["llama_mlp"]})
+    return rows
 
 
 def main(argv=None) -> dict:
@@ -570,7 +859,7 @@ def main(argv=None) -> dict:
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--dtype", default=None, choices=["float32", "float64", "bfloat16", "float16"],
                    help="default: float32 on CPU, bfloat16 on CUDA")
-    p.add_argument("--suite", action="append", choices=["headline", "rank", "size"],
+    p.add_argument("--suite", action="append", choices=["headline", "rank", "size", "stack"],
                    help="suites to run (repeatable; default all)")
     p.add_argument("--d", type=int, help="headline d_model (CPU 512, CUDA 4096)")
     p.add_argument("--m", type=int, help="headline d_hidden (CPU 1376, CUDA 11008)")
@@ -579,28 +868,52 @@ def main(argv=None) -> dict:
     p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                    help="headline suite: torch.compile every module (backend, default inductor)")
     p.add_argument("--tiny", action="store_true", help="tiny sizes: checks the code runs, measures nothing useful")
-    p.add_argument("--json", default=None, help="write the results with provenance to this JSON file")
+    p.add_argument("--json", default=None, help="write the results with provenance to this JSON file "
+                   "(refuses to overwrite one)")
+    p.add_argument("--store", default=None, metavar="DIR",
+                   help="write the results to a new DIR/<tag>_<UTC time>.json (never overwrites)")
+    p.add_argument("--tag", default=None, help="file name prefix for --store (default: device_dtype)")
+    p.add_argument("--allocator", default="tuned", choices=["tuned", "default"],
+                   help="glibc malloc thresholds (see set_allocator; default tuned)")
+    p.add_argument("--stack-repeats", type=int, default=None, help="stack suite: processes per point (1)")
+    p.add_argument("--stack-child", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    set_allocator(a.allocator)
+    if a.stack_child:                       # one record of bench_stack, in a fresh process
+        k, b, dt, d, m, n = a.stack_child.split(",")
+        rec = stack_step_peak(k, int(b), d=int(d), m=int(m), n=int(n), dtype=getattr(torch, dt))
+        print(json.dumps(rec))
+        return rec
+    if a.json and os.path.exists(a.json):
+        p.error(f"--json {a.json} exists; stored runs are kept (use --store DIR for a new file)")
     sizes = {}
     if a.tiny:
         sizes = {"d": 32, "m": 86, "ns": (64,), "rank_d": 32, "rank_m": 16, "rank_n": 16,
-                 "size_ds": (16, 32), "size_m": 16, "size_n": 16}
+                 "size_ds": (16, 32), "size_m": 16, "size_n": 16, "stack_blocks": (1, 2),
+                 "stack_n": 16, "stack_repeats": 1}
     if a.d:
         sizes["d"] = a.d
     if a.m:
         sizes["m"] = a.m
     if a.n:
         sizes["ns"] = tuple(a.n)
+    if a.stack_repeats:
+        sizes["stack_repeats"] = a.stack_repeats
     dtype = getattr(torch, a.dtype) if a.dtype else None
     res = run(tuple(a.suite or ("headline", "rank", "size")), device=a.device, dtype=dtype, sizes=sizes,
               reps=a.reps or (3 if a.tiny else None), compile_backend=a.compile)
     res["command"] = "python -m qkmlp.bench " + " ".join(sys.argv[1:] if argv is None else argv)
     print(format_report(res))
-    if a.json:
-        os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
-        with open(a.json, "w") as f:
+    out = a.json
+    if a.store:
+        tag = a.tag or f"{a.device}_{a.dtype or str(headline_sizes(torch.device(a.device).type)['dtype'])[6:]}"
+        os.makedirs(a.store, exist_ok=True)
+        out = store_path(a.store, tag)
+    if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "x") as f:
             json.dump(res, f, indent=1)
-        print(f"wrote {a.json}")
+        print(f"wrote {out}")
     return res
 
 

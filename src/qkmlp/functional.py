@@ -15,8 +15,12 @@ there, as Liger-Kernel does for SwiGLU (Hsu et al., 2024). A Llama-style MLP wri
 three ``nn.Linear`` saves x, gate(x), σ(gate(x)), up(x) and the product: d + 4m numbers per
 token against d + 2mr here.
 
-For float16 and bfloat16 the GEMMs run in the input dtype and the elementwise math in
-float32 (``compute_dtype``). The activation's derivative is PyTorch's own fused backward
+Every dtype runs the elementwise middle in the input dtype, with the op sequence of a
+Llama MLP written with ``nn.Linear`` (σ(a) rounded to the dtype, then the product rounded
+to it): in bfloat16 and float16 the rank-1 gated layer computes bit for bit what
+``down(silu(gate(x)) * up(x))`` computes, with no float32 conversion passes, and its
+error against float64 is Llama's own. (The other layers of :mod:`qkmlp.layers` apply σ
+in float32 for halves, ``compute_dtype``.) The activation's derivative is PyTorch's own fused backward
 kernel (``silu_backward``, ``gelu_backward``, ...) for every registered activation
 (``FUSED_ACTIVATIONS``); a layer with any other callable uses the plain autograd path
 (:func:`gated_reference`, :func:`symmetric_reference`, :func:`symmetrized_reference`).
@@ -296,6 +300,19 @@ def _plain_backward(ctx, reference, grad_y):
     return (*(next(grads) if need else None for need in ctx.needs_input_grad[:4]), None, None, None)
 
 
+def _times_value(h: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """y = h @ V, V of shape (m, d_out).
+
+    On CPU in bfloat16 and float16, PyTorch's GEMM is many times slower when its second
+    operand is row-major (m, d_out) than when it is the transpose of a row-major
+    (d_out, m) matrix, the layout of ``nn.Linear``'s weight. There V is copied into that
+    layout first (m·d_out numbers, against N·m·d_out multiply-adds for the GEMM); the
+    product is the same matrix product, in the order ``F.linear`` computes it."""
+    if value.device.type == "cpu" and value.dtype in (torch.bfloat16, torch.float16):
+        return F.linear(h, value.T.contiguous())
+    return h @ value
+
+
 def _fused_forward(hidden, x, query, key, value, name, m, r, scratch=False):
     """(y, [a; b]) with [a; b] (2, N, mr) from :func:`_project` and y = hidden([a; b])·V:
     both fused forwards.
@@ -303,8 +320,8 @@ def _fused_forward(hidden, x, query, key, value, name, m, r, scratch=False):
     ``hidden`` is :func:`_gated_hidden` or :func:`_symmetric_hidden`; with ``scratch`` it
     may overwrite [a; b] (inference)."""
     ab = _project(x, query, key)
-    h = hidden(name, ab, m, r, compute_dtype(x.dtype), scratch=scratch)
-    return h.to(x.dtype) @ value, ab
+    h = hidden(name, ab, m, r, x.dtype, scratch=scratch)   # the middle in x's own dtype
+    return _times_value(h, value), ab
 
 
 def _backward(ctx, grad_y, reference, rule):
@@ -324,7 +341,7 @@ def _unpack_saved(ctx):
     with m, r, the input dtype and the compute dtype: what every backward starts from."""
     x, query, key, value, ab = ctx.saved_tensors
     m, r, dt = ctx.m, ctx.r, x.dtype
-    cdt = compute_dtype(dt)
+    cdt = dt                                   # the middle runs in the input dtype
     a, b = _split(ab, m, r, cdt)
     return x, query, key, value, a, b, m, r, dt, cdt
 
@@ -520,22 +537,22 @@ def symmetric(x: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: to
 
 
 def gated_reference(x, query, key, value, activation: Callable, m: int, r: int) -> torch.Tensor:
-    """Plain-autograd gated path (any callable σ; elementwise math in float32 for halves)."""
-    cdt = compute_dtype(x.dtype)
+    """Plain-autograd gated path (any callable σ; elementwise math in x's dtype)."""
+    cdt = x.dtype
     a, b = _split(_project(x, query, key), m, r, cdt)
-    return _sum_rank(activation(a) * b).to(x.dtype) @ value
+    return _times_value(_sum_rank(activation(a) * b).to(x.dtype), value)
 
 
 def symmetric_reference(x, query, key, value, activation: Callable, m: int, r: int) -> torch.Tensor:
-    """Plain-autograd symmetric path (any callable σ; elementwise math in float32 for halves)."""
-    cdt = compute_dtype(x.dtype)
+    """Plain-autograd symmetric path (any callable σ; elementwise math in x's dtype)."""
+    cdt = x.dtype
     a, b = _split(_project(x, query, key), m, r, cdt)
-    return activation(_sum_rank(a * b)).to(x.dtype) @ value
+    return _times_value(activation(_sum_rank(a * b)).to(x.dtype), value)
 
 
 def symmetrized_reference(x, query, key, value, activation: Callable, m: int, r: int) -> torch.Tensor:
     """Plain-autograd symmetrised gated path: Σ_s ½[σ(a_s) b_s + σ(b_s) a_s] per slot
-    (any callable σ; elementwise math in float32 for halves)."""
-    cdt = compute_dtype(x.dtype)
+    (any callable σ; elementwise math in x's dtype)."""
+    cdt = x.dtype
     a, b = _split(_project(x, query, key), m, r, cdt)
-    return (0.5 * _sum_rank(activation(a) * b + activation(b) * a)).to(x.dtype) @ value
+    return _times_value((0.5 * _sum_rank(activation(a) * b + activation(b) * a)).to(x.dtype), value)

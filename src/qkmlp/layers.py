@@ -351,7 +351,8 @@ class _RankRBase(_QKMLPBase):
         q, k, v = self.query_weight, self.key_weight, self.value
         dev = x.device.type
         if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
-            # Autocast: GEMMs in the autocast dtype, elementwise math still in float32.
+            # Autocast: GEMMs and the elementwise middle in the autocast dtype, as a
+            # Llama MLP of nn.Linear runs under autocast.
             dt = torch.get_autocast_dtype(dev)
             x2, q, k, v = x2.to(dt), q.to(dt), k.to(dt), v.to(dt)
         if self.fused and type(self)._fused_fn is not None and _fn.supports_fused(self.activation):

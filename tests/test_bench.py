@@ -1,0 +1,97 @@
+"""qkmlp.bench: configuration, provenance and storage (no timing is asserted)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from qkmlp import bench
+
+
+def test_cuda_headline_is_llama_7b_in_bfloat16_and_refuses_without_a_gpu():
+    hs = bench.headline_sizes("cuda")
+    assert (hs["d"], hs["m"], hs["dtype"]) == (4096, 11008, torch.bfloat16)
+    assert 2048 in hs["ns"] and 1 in hs["ns"]
+    assert bench.headline_sizes("cpu")["dtype"] == torch.float32
+    with pytest.raises(ValueError, match="cpu or cuda"):
+        bench.headline_sizes("mps")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="cuda.is_available"):
+            bench.run(("headline",), device="cuda", sizes={"d": 8, "m": 16, "ns": (4,)}, reps=1)
+
+
+def test_allocator_settings_are_recorded():
+    info = bench.set_allocator("tuned")
+    try:
+        rec = bench.machine_info()["allocator"]
+        assert rec["malloc"]["mode"] == "tuned"
+        assert rec["malloc"]["applied"] == info["applied"]
+        assert rec["torch_threads"] == torch.get_num_threads()
+        assert rec["affinity"] is None or len(rec["affinity"]) >= 1
+    finally:
+        bench.set_allocator("default")
+    with pytest.raises(ValueError, match="tuned"):
+        bench.set_allocator("fast")
+
+
+def test_store_path_never_overwrites(tmp_path):
+    p1 = bench.store_path(str(tmp_path), "cpu_float32")
+    open(p1, "w").close()
+    p2 = bench.store_path(str(tmp_path), "cpu_float32")
+    assert p1 != p2 and not os.path.exists(p2)
+
+
+def test_json_refuses_to_overwrite(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    out.write_text("{}")
+    with pytest.raises(SystemExit):
+        bench.main(["--tiny", "--suite", "size", "--json", str(out)])
+    assert out.read_text() == "{}"
+
+
+def test_tiny_headline_records_op_counts_and_allocator(tmp_path):
+    res = bench.main(["--tiny", "--suite", "headline", "--dtype", "bfloat16", "--store", str(tmp_path)])
+    files = list(tmp_path.glob("cpu_bfloat16_*.json"))
+    assert len(files) == 1
+    stored = json.loads(files[0].read_text())
+    assert stored["machine"]["allocator"]["malloc"]["mode"] == "tuned"
+    hl = stored["suites"]["headline"][0]
+    assert hl["config"]["dtype"] == "bfloat16"
+    oc = hl["op_counts"]
+    assert oc["gated_mlp"]["forward"]["conversions"] == 0
+    assert (oc["gated_mlp"]["forward_activations"]["elementwise"]
+            <= oc["llama_mlp"]["forward_activations"]["elementwise"])
+    assert oc["gated_mlp"]["forward_backward"]["conversions"] == 0
+    assert res["suites"]["headline"][0]["paired_ratios"]["llama_mlp_copy"]["fwd_vs_llama"]["n"] == 3
+    bench.set_allocator("default")
+
+
+def test_stack_peak_grows_with_depth_and_reads_back():
+    recs = [bench.stack_step_peak("llama_mlp", b, d=16, m=40, n=8) for b in (1, 2)]
+    for r in recs:
+        assert r["after"] >= r["before"] > 0 and r["step"] == r["after"] - r["before"]
+    st = {"config": {"dtypes": ["float32"], "blocks": [1]},
+          "records": [{"kind": "llama_mlp", "blocks": 1, "dtype": "float32", "step": 4 * 2**20},
+                      {"kind": "gated_mlp", "blocks": 1, "dtype": "float32", "step": 3 * 2**20}]}
+    (row,) = bench.stack_ratios(st)
+    assert row["ratio"] == 0.75 and row["llama_mib"] == 4.0
+    with pytest.raises(ValueError, match="kind"):
+        bench.stack_step_peak("nope", 1, d=4, m=8, n=2)
+
+
+def test_verdicts_need_the_interval_outside_the_aa_spread():
+    def hl(lo, hi):
+        return {"paired_ratios": {"llama_mlp_copy": {"fwd_vs_llama": {"lo": lo, "hi": hi}}}}
+
+    spread = bench.aa_spread([hl(0.98, 1.03), hl(0.99, 1.05)], "fwd_vs_llama")
+    assert spread == (0.98, 1.05)
+    assert bench.aa_spread([hl(1.01, 1.02)], "fwd_vs_llama") == (1.0, 1.02)   # contains 1
+    assert bench.control_verdict({"lo": 0.90, "hi": 0.97}, spread) == "faster"
+    assert bench.control_verdict({"lo": 0.90, "hi": 0.99}, spread) == "parity"
+    assert bench.control_verdict({"lo": 1.06, "hi": 1.10}, spread) == "slower"
+    with pytest.raises(ValueError):
+        bench.control_verdict({"lo": 1.0, "hi": 0.9}, spread)
+    with pytest.raises(ValueError):
+        bench.aa_spread([], "fwd_vs_llama")
