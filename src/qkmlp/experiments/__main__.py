@@ -31,7 +31,7 @@ def results_name(task: str, size: str) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m qkmlp.experiments", description=__doc__.split("\n")[0])
-    p.add_argument("--task", default="all", help=f"all, or one of {', '.join(TASKS)}")
+    p.add_argument("--task", default="all", help=f"all, or one or more (comma-separated) of {', '.join(TASKS)}")
     p.add_argument("--size", default=None,
                    help="a task's config: default (the stored grid), quick (a smoke test), and for lm also "
                         "excerpt (the committed excerpt) and gpu (a larger model)")
@@ -45,9 +45,10 @@ def main(argv=None) -> int:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
 
-    tasks = list(TASKS) if args.task == "all" else [args.task]
-    if args.task != "all" and args.task not in TASKS:
-        p.error(f"unknown task {args.task!r}; expected all or one of {', '.join(TASKS)}")
+    tasks = list(TASKS) if args.task == "all" else args.task.split(",")
+    for name in tasks:
+        if name not in TASKS:
+            p.error(f"unknown task {name!r}; expected all or one of {', '.join(TASKS)}")
     if args.seeds is not None and args.seeds < 1:
         p.error(f"--seeds must be >= 1 (the number of evaluation seeds), got {args.seeds}")
     if args.threads < 1:

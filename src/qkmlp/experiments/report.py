@@ -1,7 +1,9 @@
 """Tables and figures of stored results, for the experiments chapter.
 
 Comparisons are oriented so that a positive ``gain`` always means "the first family is
-better": a − b for accuracies, b − a for losses.
+better": a − b for accuracies, b − a for losses. A *family of tests* (one prediction,
+several tasks and activations) is corrected with Holm's method by :func:`holm_family`,
+which also states each comparison's minimum detectable effect.
 """
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ from typing import Optional, Sequence
 
 from .families import get_family
 from .runner import cell_key, compare, summary
-from .stats import mean_sd
+from .stats import detectable_difference, holm, mean_sd
 
-__all__ = ["gain", "gated_vs_symmetric", "comparison_rows", "format_rows", "family_color",
+__all__ = ["gain", "gated_vs_symmetric", "comparison_rows", "format_rows", "family_color", "holm_family",
+           "plot_paired", "SHAZEER_TABLE1", "shazeer_rows", "ordering_agreement", "plateau_rows", "family_label",
            "plot_final", "plot_curves", "plot_cross_table", "plot_recall", "plot_swap", "swap_rows",
            "run_shifts"]
 
@@ -193,3 +196,150 @@ def run_shifts(before: dict, after: dict, metric: Optional[str] = None) -> dict:
     if vals[0].keys() != vals[1].keys():
         raise ValueError("expected the same cells and seeds in both runs")
     return {k: abs(vals[1][k] - v) for k, v in vals[0].items()}
+
+
+# --- families of tests --------------------------------------------------------------------
+
+def holm_family(rows: list[dict], alpha: float = 0.05, power: float = 0.8) -> list[dict]:
+    """Holm-correct one declared family of comparison rows (from :func:`gain`), in place.
+
+    Adds ``p_holm`` (Holm-adjusted paired-t p-value), ``survives`` (p_holm < alpha) and
+    ``mde``: the smallest true mean difference the paired t-test of the row would detect
+    with probability ``power`` at level alpha/m (m = len(rows), the first and strictest
+    Holm step), from the row's own spread of differences. Returns ``rows``.
+    """
+    if not rows:
+        raise ValueError("a family of tests needs at least one comparison")
+    adj = holm([r["t_p"] for r in rows])
+    m = len(rows)
+    for r, p in zip(rows, adj):
+        r["p_holm"] = p
+        r["survives"] = p < alpha
+        r["mde"] = detectable_difference(r["sd_diff"], r["n"], alpha=alpha / m, power=power)
+        r["family_size"] = m
+    return rows
+
+
+def family_label(name: str) -> str:
+    return get_family(name).label
+
+
+def plot_paired(rows: list[dict], ax, scale: float = 1.0, unit: str = "", labels: Optional[Sequence[str]] = None):
+    """Paired differences, one row per comparison: each seed's difference (dots), the mean
+    and its 95 % t-interval (bar), filled when the comparison survives Holm's correction.
+
+    ``scale`` multiplies the differences (100 for accuracy points); positive means the
+    first family is better.
+    """
+    import numpy as np
+    from ..figures import COLORS
+
+    n = len(rows)
+    for i, r in enumerate(rows):
+        y = n - 1 - i
+        diffs = np.asarray(r["diffs"]) * scale
+        jitter = (np.arange(len(diffs)) % 5 - 2) * 0.06
+        ax.scatter(diffs, y + jitter, s=7, color="0.55", zorder=2, lw=0)
+        lo, hi = (v * scale for v in r["ci"])
+        color = COLORS[0] if r["mean_diff"] > 0 else COLORS[1]
+        ax.plot([lo, hi], [y, y], color=color, lw=2.2, zorder=3)
+        filled = r.get("survives", False)
+        ax.scatter([r["mean_diff"] * scale], [y], s=34, zorder=4, color=color if filled else "white",
+                   edgecolors=color, linewidths=1.5)
+    ax.axvline(0, color="0.2", lw=0.8)
+    ax.set_yticks(range(n))
+    names = labels if labels is not None else [f"{family_label(r['a']['family'])} − {family_label(r['b']['family'])}"
+                                               for r in rows]
+    ax.set_yticklabels(list(reversed(list(names))))
+    ax.set_ylim(-0.6, n - 0.4)
+    ax.set_xlabel(f"paired difference{' (' + unit + ')' if unit else ''}")
+    ax.grid(axis="y", alpha=0)
+
+
+# --- the language model beside Shazeer's Table 1 -----------------------------------------
+
+#: Shazeer (2020), Table 1: held-out log-perplexity of T5-base variants on C4 span filling,
+#: after 65 536 steps (mean of several runs, their standard deviation) and 524 288 steps.
+SHAZEER_TABLE1 = {
+    "kv-relu": (1.997, 0.005, 1.677),
+    "kv-gelu": (1.983, 0.005, 1.679),
+    "kv-silu": (1.994, 0.003, 1.683),
+    "gated1-sigmoid": (1.982, 0.006, 1.663),
+    "gated1-identity": (1.960, 0.005, 1.648),
+    "gated1-gelu": (1.942, 0.004, 1.633),
+    "gated1-silu": (1.944, 0.010, 1.636),
+    "gated1-relu": (1.953, 0.003, 1.645),
+}
+
+
+def shazeer_rows(results: dict, baseline: str = "kv-relu") -> list[dict]:
+    """For each family of the LM grid: our mean test loss and paired difference from
+    ``baseline`` (a − baseline, negative = better, with its 95 % interval; ``better_in``
+    counts the seeds where a beat the baseline), beside
+    Shazeer's difference from ReLU at 65 536 and 524 288 steps (None for our controls)."""
+    out = []
+    means = {r["family"]: r["mean"] for r in summary(results)}
+    for fam in results["config"]["families"]:
+        row = {"family": fam, "mean": means[fam]}
+        if fam != baseline:
+            c = compare(results, {"family": fam}, {"family": baseline}, metric="test_loss")
+            row.update(diff=c["mean_diff"], ci=c["ci"], better_in=c["losses"], n=c["n"], t_p=c["t_p"])
+        else:
+            row.update(diff=0.0, ci=(0.0, 0.0), better_in=None, n=len(results["meta"]["seeds"]), t_p=None)
+        if fam in SHAZEER_TABLE1:
+            s, base = SHAZEER_TABLE1[fam], SHAZEER_TABLE1[baseline]
+            row.update(shazeer_65k=s[0] - base[0], shazeer_524k=s[2] - base[2])
+        else:
+            row.update(shazeer_65k=None, shazeer_524k=None)
+        out.append(row)
+    return out
+
+
+def ordering_agreement(results: dict, column: int = 0) -> dict:
+    """Which pairwise orderings of Shazeer's eight variants reproduce here.
+
+    For each pair of families in :data:`SHAZEER_TABLE1` (``column`` 0: 65 536 steps,
+    2: 524 288 steps), Shazeer's order (lower loss first) against ours (the sign of our
+    paired mean difference, and whether its t-interval excludes zero). Returns
+    ``{"pairs": [...], "agree": k, "agree_significant": j, "disagree_significant": i,
+    "n": number of pairs, "kendall_tau": τ of the two rankings of the means}``.
+    """
+    from itertools import combinations
+
+    from scipy.stats import kendalltau
+
+    fams = [f for f in SHAZEER_TABLE1 if f in results["config"]["families"]]
+    pairs = []
+    for a, b in combinations(fams, 2):
+        theirs = SHAZEER_TABLE1[a][column] - SHAZEER_TABLE1[b][column]
+        c = compare(results, {"family": a}, {"family": b}, metric="test_loss")
+        same = (c["mean_diff"] < 0) == (theirs < 0) and theirs != 0
+        pairs.append({"a": a, "b": b, "theirs": theirs, "ours": c["mean_diff"], "ci": c["ci"],
+                      "agree": same, "significant": c["significant"]})
+    means = {r["family"]: r["mean"] for r in summary(results)}
+    tau = kendalltau([SHAZEER_TABLE1[f][column] for f in fams], [means[f] for f in fams]).statistic
+    return {"pairs": pairs, "n": len(pairs), "agree": sum(p["agree"] for p in pairs),
+            "agree_significant": sum(p["agree"] and p["significant"] for p in pairs),
+            "disagree_significant": sum((not p["agree"]) and p["significant"] for p in pairs),
+            "kendall_tau": float(tau)}
+
+
+def plateau_rows(results: dict, last_frac: float = 0.2) -> list[dict]:
+    """Per family: how the runs ended. Fraction stopped on a plateau, median best step, and
+    the mean improvement of the validation loss over the last ``last_frac`` of each run
+    (best in the last stretch vs best before it; 0 when the best came earlier)."""
+    import numpy as np
+
+    rows = []
+    for fam in results["config"]["families"]:
+        runs = [r for r in results["runs"] if r["family"] == fam]
+        gains = []
+        for r in runs:
+            steps, vals = np.array(r["curve"]["val_step"]), np.array(r["curve"]["val_loss"])
+            cut = steps[-1] * (1 - last_frac)
+            before, after = vals[steps <= cut], vals[steps > cut]
+            gains.append(max(0.0, float(before.min() - after.min())) if len(after) else 0.0)
+        rows.append({"family": fam, "n": len(runs), "plateau": sum(r["stopped"] == "plateau" for r in runs),
+                     "median_best_step": float(np.median([r["best_step"] for r in runs])),
+                     "max_steps": results["config"]["max_steps"], "late_gain": float(np.mean(gains))})
+    return rows

@@ -145,7 +145,7 @@ def paired_comparison(a: Sequence[float], b: Sequence[float], level: float = 0.9
 
     Returns ``n``, ``mean_diff`` (a − b), ``sd_diff``, ``ci`` (t-interval), ``wins``
     (seeds with a > b), ``losses``, ``sign_p`` and ``significant`` (the t-interval
-    excludes 0) and ``t_p``, the two-sided paired t-test p-value (uncorrected).
+    excludes 0), ``t_p``, the two-sided paired t-test p-value (uncorrected), and ``diffs``.
     """
     a, b = _floats(a, "a"), _floats(b, "b")
     if len(a) != len(b):
@@ -162,5 +162,6 @@ def paired_comparison(a: Sequence[float], b: Sequence[float], level: float = 0.9
         "losses": sum(1 for x in diffs if x < 0),
         "sign_p": sign_test(diffs),
         "t_p": t_test(diffs),
+        "diffs": diffs,
         "significant": bool(lo > 0 or hi < 0),
     }
