@@ -102,7 +102,7 @@ SIZES = {
                     test_windows=None, lrs=[3e-3, 1e-2], **_COMMON),
     "cpu": dict(source="cache", d=64, n_layer=2, n_head=4, ctx=64, batch_size=12, m_kv=256,
                 max_steps=600, eval_every=60, patience=4, val_windows=64, val_final_windows=1024,
-                test_windows=2048, lrs=[3e-3, 6e-3, 1.2e-2], **_COMMON),
+                test_windows=2048, lrs=[4e-3, 8e-3, 1.6e-2], **_COMMON),
     "gpu": dict(source="cache", d=256, n_layer=4, n_head=4, ctx=256, batch_size=64, m_kv=1024,
                 max_steps=20000, eval_every=500, patience=4, val_windows=512, val_final_windows=None,
                 test_windows=None, lrs=[5e-4, 1e-3, 2e-3], **_COMMON),
