@@ -274,13 +274,16 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
     tune_runs = [tune_recs[j[0]] for j in tune_jobs]
     tuning = [choose_lr(tune_runs, c, lrs) for c in grid]
     lr_of = {cell_key(row): row["lr"] for row in tuning}
-    eval_jobs = [(_job_name("eval", c, lr_of[cell_key(c)], s), c, s, lr_of[cell_key(c)]) for c in grid for s in seeds]
+    # seed-major order: an interrupted grid has whole seeds of every cell, so it can be cut to
+    # fewer seeds without losing pairs
+    eval_jobs = [(_job_name("eval", c, lr_of[cell_key(c)], s), c, s, lr_of[cell_key(c)]) for s in seeds for c in grid]
     eval_recs = _run_jobs(task, eval_jobs, run_cfg, dev, exchange, folder, bar, wait=(rank == 0))
     if bar is not None:
         bar.close()
     if rank != 0:
         return None
-    runs = [eval_recs[j[0]] for j in eval_jobs]
+    order = {cell_key(c): i for i, c in enumerate(grid)}
+    runs = sorted((eval_recs[j[0]] for j in eval_jobs), key=lambda r: (order[cell_key(r)], r["seed"]))
     for r in runs:
         r["phase"] = "eval"
     for r in tune_runs:
