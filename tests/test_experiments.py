@@ -386,13 +386,43 @@ def _fake(metric, higher, a_vals, b_vals):
 
 
 def test_gain_is_oriented_so_positive_means_better():
-    from qkmlp.experiments.report import format_rows, gain
+    from qkmlp.experiments.report import gain
     acc = gain(_fake("test_acc", True, [0.9, 0.8, 0.95], [0.8, 0.7, 0.9]), {"family": "A"}, {"family": "B"})
     loss = gain(_fake("test_loss", False, [0.1, 0.2, 0.1], [0.3, 0.5, 0.2]), {"family": "A"}, {"family": "B"})
     for r in (acc, loss):
         assert r["mean_diff"] > 0 and r["wins"] == 3 and r["losses"] == 0
     assert loss["mean_diff"] == pytest.approx((0.2 + 0.3 + 0.1) / 3)
-    assert "A vs B" in format_rows([acc, loss])
+    assert loss["diffs"] == pytest.approx([0.2, 0.3, 0.1])
+
+
+def test_holm_family_adds_corrected_p_and_detectable_difference():
+    from qkmlp.experiments.report import gain, holm_family
+    res = _fake("test_acc", True, [0.9, 0.8, 0.95, 0.85, 0.9], [0.8, 0.7, 0.9, 0.8, 0.85])
+    rows = [gain(res, {"family": "A"}, {"family": "B"}), gain(res, {"family": "B"}, {"family": "A"})]
+    holm_family(rows)
+    assert rows[0]["p_holm"] == pytest.approx(min(1.0, 2 * rows[0]["t_p"]))      # both tests have the same p
+    assert rows[0]["survives"] == (rows[0]["p_holm"] < 0.05)
+    assert rows[0]["mde"] == pytest.approx(detectable_difference(rows[0]["sd_diff"], 5, alpha=0.025))
+    with pytest.raises(ValueError, match="at least one"):
+        holm_family([])
+
+
+def test_shazeer_table_and_orderings():
+    from qkmlp.experiments.report import SHAZEER_TABLE1, ordering_agreement, shazeer_rows
+    fams = list(SHAZEER_TABLE1)
+    # a fake grid that reproduces Shazeer's 65k-step means exactly (plus seed noise)
+    runs = [{"family": f, "seed": s, "test_loss": SHAZEER_TABLE1[f][0] + 0.001 * ((s * 7 + i) % 3)}
+            for i, f in enumerate(fams) for s in range(4)]
+    res = {"meta": {"metric": "test_loss", "higher_is_better": False, "seeds": [0, 1, 2, 3]},
+           "config": {"families": fams}, "runs": runs}
+    rows = {r["family"]: r for r in shazeer_rows(res)}
+    assert rows["gated1-silu"]["shazeer_65k"] == pytest.approx(1.944 - 1.997)
+    assert rows["gated1-silu"]["diff"] == pytest.approx(1.944 - 1.997, abs=0.003)
+    agree = ordering_agreement(res)
+    assert agree["n"] == 28 and agree["kendall_tau"] > 0.9
+    assert agree["agree"] >= 26                # only pairs closer than the noise may flip
+    flipped = {**res, "runs": [dict(r, test_loss=-r["test_loss"]) for r in runs]}
+    assert ordering_agreement(flipped)["kendall_tau"] < -0.9
 
 
 def test_parity_floor_zero_for_even_teachers_positive_otherwise():
@@ -404,21 +434,20 @@ def test_parity_floor_zero_for_even_teachers_positive_otherwise():
     assert parity_floor("symgated1-silu", 4, 4, n, 0) > 0.01          # the symmetrised form is not even
 
 
-def test_report_plots_run(tmp_path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from qkmlp.experiments.report import plot_cross_table, plot_curves, plot_final, plot_recall, plot_swap, swap_rows
-    res = {t: run_grid(t, seeds=range(2), quick=True, progress=False) for t in ("digits", "teacher", "recall")}
-    fig, axes = plt.subplots(1, 5)
-    plot_final(res["digits"], axes[0])
-    plot_curves(res["digits"], axes[1], ["kv-relu", "gated1-silu"])
-    plot_cross_table(res["teacher"], axes[2])
-    plot_recall(res["recall"], axes[3], ["kv-relu", "gated1-silu"])
-    rows = swap_rows({"digits": res["digits"]}, ["gated1-silu"])
-    assert rows[0]["n"] == 2
-    plot_swap(rows, axes[4])
-    plt.close(fig)
+def test_report_plots_run():
+    from qkmlp import figures
+    from qkmlp.experiments.report import (gain, holm_family, plateau_rows, plot_cross_table, plot_paired,
+                                          plot_val_curves, swap_rows)
+    res = {t: run_grid(t, seeds=range(3), quick=True, progress=False) for t in ("digits", "teacher")}
+    rows = holm_family([gain(res["digits"], {"family": "gated1-silu"}, {"family": "kv-relu"})])
+    (f1, a1), (f2, a2), (f3, a3) = figures.panels(3)
+    plot_paired(rows, a1, scale=100, unit="points")
+    plot_val_curves(res["digits"], a2, ["kv-relu", "gated1-silu"])
+    plot_cross_table(res["teacher"], a3)
+    assert "<img" in figures.row_html(f1, f2, f3)
+    plat = plateau_rows(res["digits"])
+    assert [r["family"] for r in plat] == ["kv-relu", "gated1-silu"] and all(r["n"] == 3 for r in plat)
+    assert swap_rows({"digits": res["digits"]}, ["gated1-silu"])[0]["n"] == 3
 
 
 def test_run_shifts_pairs_runs_by_cell_and_seed():

@@ -136,7 +136,10 @@ def detectable_difference(sd_diff: float, n: int, alpha: float = 0.05, power: fl
     def gap(nc):
         return float(nct.sf(crit, df, nc) + nct.cdf(-crit, df, nc)) - power
 
-    nc = brentq(gap, 0.0, 100.0 + 10 * crit)
+    hi = crit + 4.0
+    while gap(hi) < 0:          # power grows with the non-centrality; widen until it passes
+        hi *= 2
+    nc = brentq(gap, 0.0, hi)
     return nc * sd_diff / math.sqrt(n)
 
 
