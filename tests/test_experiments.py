@@ -467,3 +467,9 @@ def test_run_shifts_pairs_runs_by_cell_and_seed():
         run_shifts(before, res({("a", 0): 0.5}, config={"steps": 2}))
     with pytest.raises(ValueError, match="same cells and seeds"):
         run_shifts(before, res({("a", 0): 0.5}))
+
+
+def test_late_gain():
+    from qkmlp.experiments.runner import late_gain
+    assert late_gain([0, 20, 40, 60, 80, 100], [5, 4, 3, 2, 1.5, 1.2]) == pytest.approx(1.5 - 1.2)
+    assert late_gain([0, 20, 40, 60, 80, 100], [5, 4, 1, 2, 2, 2]) == 0.0

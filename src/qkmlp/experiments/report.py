@@ -196,27 +196,21 @@ def plot_vs_shazeer(rows: list[dict], ax, column: str = "shazeer_65k"):
     ax.legend(ncol=2, loc="upper left", handletextpad=0.2, columnspacing=0.6, borderaxespad=0.2)
 
 
-def plateau_rows(results: dict, last_frac: float = 0.2) -> list[dict]:
-    """Per family: how the evaluation runs ended. ``plateau``: runs stopped by patience;
-    ``median_best_step`` (of ``max_steps``); ``late_gain``: mean improvement of the best
-    validation loss during the last ``last_frac`` of each run's steps (0 when the best
-    came earlier), in the task's validation loss units."""
+def plateau_rows(results: dict) -> list[dict]:
+    """Per cell: how the evaluation runs ended. ``plateau``: runs stopped by patience;
+    ``median_best_step`` (of ``max_steps``); ``late_gain``: the mean improvement of the best
+    validation loss during the last fifth of each run (``run["late_gain"]``, 0 when the best
+    came earlier), in the task's validation-loss units."""
     import numpy as np
 
     rows = []
     families = results["config"]["families"]
     for key in dict.fromkeys(cell_key(r) for r in results["runs"]):
         runs = [r for r in results["runs"] if cell_key(r) == key]
-        gains = []
-        for r in runs:
-            steps, vals = np.array(r["curve"]["val_step"]), np.array(r["curve"]["val_loss"], dtype=float)
-            cut = steps[-1] * (1 - last_frac)
-            before, after = vals[steps <= cut], vals[steps > cut]
-            gains.append(max(0.0, float(before.min() - after.min())) if len(after) else 0.0)
-        cell = dict(key)
-        rows.append({**cell, "n": len(runs), "plateau": sum(r["stopped"] == "plateau" for r in runs),
+        rows.append({**dict(key), "n": len(runs), "plateau": sum(r["stopped"] == "plateau" for r in runs),
                      "median_best_step": float(np.median([r["best_step"] for r in runs])),
-                     "max_steps": results["config"]["max_steps"], "late_gain": float(np.mean(gains))})
+                     "max_steps": results["config"]["max_steps"],
+                     "late_gain": float(np.mean([r["late_gain"] for r in runs]))})
     rows.sort(key=lambda r: families.index(r["family"]) if r["family"] in families else len(families))
     return rows
 

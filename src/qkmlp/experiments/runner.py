@@ -17,7 +17,8 @@ skips the jobs whose records are already in the folder, so a grid runs in pieces
 merge. Each run records the rank and host that computed it.
 
 A results file is ``{"meta", "config", "tuning", "runs", "tune_runs"}``: ``runs`` holds
-the evaluation runs (cell, seed, lr, metrics, curves, swap changes), ``meta`` the library
+the evaluation runs (cell, seed, lr, metrics, curves with at most 41 evaluations, swap
+changes), ``tune_runs`` the tuning runs without curves, ``meta`` the library
 version, git commit and whether the checkout had uncommitted changes, the versions of
 torch, numpy, scipy and scikit-learn, the hardware, the command and the wall time.
 """
@@ -42,7 +43,7 @@ from .stats import mean_sd, paired_comparison
 from .tasks import get_task
 
 __all__ = ["run_grid", "run_cell", "rerun", "save_results", "load_results", "summary", "compare",
-           "values_by_seed", "cell_key", "choose_lr", "tuned_lr", "strip_provenance"]
+           "values_by_seed", "cell_key", "choose_lr", "tuned_lr", "strip_provenance", "late_gain"]
 
 _CELL_FIELDS = ("teacher", "family", "m_kv")
 # Fields that say where and how fast a run was computed, not what it computed.
@@ -284,10 +285,8 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
         return None
     order = {cell_key(c): i for i, c in enumerate(grid)}
     runs = sorted((eval_recs[j[0]] for j in eval_jobs), key=lambda r: (order[cell_key(r)], r["seed"]))
-    for r in runs:
-        r["phase"] = "eval"
-    for r in tune_runs:
-        r["phase"] = "tune"
+    runs = [dict(_compact_curve(r), phase="eval") for r in runs]
+    tune_runs = [dict({k: v for k, v in r.items() if k != "curve"}, phase="tune") for r in tune_runs]
     meta = {
         "task": task, "size": size, "description": t.description, "metric": t.metric,
         "higher_is_better": t.higher_is_better, "qkmlp_version": __version__,
@@ -298,6 +297,32 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     return {"meta": meta, "config": cfg, "tuning": tuning, "runs": runs, "tune_runs": tune_runs}
+
+
+def late_gain(steps: list, losses: list, last_frac: float = 0.2) -> float:
+    """How much the best validation loss improved during the last ``last_frac`` of a run's
+    steps: best before the cut − best after it, or 0 when the best came before."""
+    cut = steps[-1] * (1 - last_frac)
+    before = [v for s, v in zip(steps, losses) if s <= cut]
+    after = [v for s, v in zip(steps, losses) if s > cut]
+    return max(0.0, min(before) - min(after)) if after and before else 0.0
+
+
+def _compact_curve(rec: dict, n: int = 41) -> dict:
+    """The record with ``late_gain`` (from the full validation curve) and the curve
+    subsampled to at most n evaluations (first and last kept), so the stored file stays
+    small; the run itself is unchanged."""
+    from .train import _sub_index
+
+    curve = rec.get("curve")
+    if not curve:
+        return dict(rec)
+    out = {**rec, "late_gain": late_gain(curve["val_step"], curve["val_loss"])}
+    if len(curve["val_step"]) > n:
+        idx = _sub_index(len(curve["val_step"]), n)
+        out["curve"] = {**curve, "val_step": [curve["val_step"][i] for i in idx],
+                        "val_loss": [curve["val_loss"][i] for i in idx]}
+    return out
 
 
 def tuned_lr(results: dict, cell: dict) -> float:
