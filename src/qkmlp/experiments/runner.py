@@ -22,7 +22,8 @@ changes), ``tune_runs`` the tuning runs without curves, ``meta`` the library
 version, git commit and whether the checkout had uncommitted changes, the versions of
 torch, numpy, scipy and scikit-learn, the hardware, the command, the wall time of this
 process and ``run_wall_s_total``, the sum of every run's own wall time (the honest cost
-of a grid assembled from cached records: ``runs_read_from_cache`` says how many were).
+of a grid assembled from cached records; ``runs_computed_here`` says how many runs this
+process trained itself).
 """
 from __future__ import annotations
 
@@ -173,7 +174,7 @@ class _Exchange:
 
     def __init__(self, rank: int, world: int, folder: Optional[Path], dist_group=None, poll_s: float = 20.0):
         self.rank, self.world, self.folder, self.dist, self.poll_s = rank, world, folder, dist_group, poll_s
-        self.cached = 0         # records this worker found in the folder instead of computing
+        self.computed = 0       # runs this worker trained (the others came from the folder or other ranks)
 
     def all_records(self, mine: dict, names: list[str], wait: bool = True) -> Optional[dict]:
         """{job name: record} for every job in ``names``, gathered from all workers."""
@@ -212,11 +213,11 @@ def _run_jobs(task, jobs, cfg_for, dev, exchange: _Exchange, folder: Optional[Pa
         path = folder / name if folder is not None else None
         if path is not None and path.exists():
             rec = json.loads(path.read_text())
-            exchange.cached += 1
         else:
             label = f"{' '.join(str(v) for _, v in cell_key(cell))} lr={lr:g} s{seed}"
             rec = run_cell(task, cell, seed, {**cfg_for, "lr": lr}, dev, progress=label if bar is not None else None)
             rec["rank"] = exchange.rank
+            exchange.computed += 1
             if path is not None:
                 tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(rec))
@@ -298,7 +299,7 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
         "torch_version": torch.__version__, "python": platform.python_version(), "device": str(dev),
         "hardware": _hardware(dev), "seeds": seeds, "tune_seeds": tune_seeds, "lrs": lrs, "world_size": world,
         "wall_s": time.perf_counter() - start, "run_wall_s_total": sum(r["wall_s"] for r in runs + tune_runs),
-        "runs_read_from_cache": exchange.cached,
+        "runs_computed_here": exchange.computed,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     return {"meta": meta, "config": cfg, "tuning": tuning, "runs": runs, "tune_runs": tune_runs}
