@@ -134,7 +134,9 @@ def detectable_difference(sd_diff: float, n: int, alpha: float = 0.05, power: fl
     crit = float(student_t.ppf(1 - alpha / 2, df))
 
     def gap(nc):
-        return float(nct.sf(crit, df, nc) + nct.cdf(-crit, df, nc)) - power
+        upper = float(nct.sf(crit, df, nc))
+        lower = float(nct.cdf(-crit, df, nc))   # scipy returns nan when this tail underflows
+        return upper + (lower if math.isfinite(lower) else 0.0) - power
 
     hi = crit + 4.0
     while gap(hi) < 0:          # power grows with the non-centrality; widen until it passes
