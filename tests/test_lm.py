@@ -166,3 +166,8 @@ def test_training_rejects_bad_settings():
         train(model, *args, lr=-1.0, max_steps=1, eval_every=1, patience=1, seed=0)
     with pytest.raises(ValueError, match="optimizer"):
         train(model, *args, lr=0.1, max_steps=1, eval_every=1, patience=1, seed=0, optimizer="lion")
+
+
+def test_vocab_size_matches_the_corpus():
+    from qkmlp.experiments.lm import VOCAB_SIZE
+    assert VOCAB_SIZE == len(corpus.VOCAB)

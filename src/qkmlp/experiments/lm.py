@@ -20,11 +20,13 @@ from torch import nn
 import torch.nn.functional as F
 
 from ..costs import parameter_count
-from .corpus import VOCAB, encode, load_plays
 from .families import kv_budget, make_layer
 from .train import train
 
-__all__ = ["CharTransformer", "Block", "SIZES", "lm_data", "lm_run", "window_loss"]
+__all__ = ["CharTransformer", "Block", "SIZES", "VOCAB_SIZE", "lm_data", "lm_run", "window_loss"]
+
+#: Newline and the 95 printable ASCII characters (:data:`qkmlp.experiments.corpus.VOCAB`).
+VOCAB_SIZE = 96
 
 
 class Block(nn.Module):
@@ -128,6 +130,8 @@ def lm_data(source: str, ctx: int):
     validation and test windows are cut from each play separately (no window spans two
     plays). Cached per process.
     """
+    from .corpus import encode, load_plays     # imported here: `python -m ...corpus` stays clean
+
     key = (source, ctx)
     if key not in _DATA_CACHE:
         plays = load_plays(source)
@@ -174,7 +178,7 @@ def lm_run(cell: dict, seed: int, cfg: dict, device, progress=None) -> dict:
     torch.manual_seed(1000 + seed)
     ffns = [make_layer(cell["family"], d, d, budget) for _ in range(cfg["n_layer"])]
     torch.manual_seed(3000 + seed)         # the rest of the model starts identical across families
-    model = CharTransformer(len(VOCAB), ctx, d, cfg["n_head"], ffns).to(device)
+    model = CharTransformer(VOCAB_SIZE, ctx, d, cfg["n_head"], ffns).to(device)
     val_small = _evenly(val_w, cfg["val_windows"])
     B = cfg["batch_size"]
     offsets = torch.arange(ctx + 1)
