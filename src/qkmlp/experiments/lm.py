@@ -8,7 +8,7 @@ the mean cross-entropy in nats per character on the test plays, every test chara
 predicted once (windows of ``ctx`` characters with stride ``ctx``).
 
 Sizes (``SIZES``): ``excerpt`` trains on the committed excerpt in seconds (tests and the
-book's live slice); ``cpu`` is the stored grid (see :data:`SIZES` for why it is that
+book's live slice); ``cpu`` is the stored grid (see ``SIZES`` for why it is that
 size); ``gpu`` is a larger model for an accelerator.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .train import train
 
 __all__ = ["CharTransformer", "Block", "SIZES", "VOCAB_SIZE", "lm_data", "lm_run", "window_loss"]
 
-#: Newline and the 95 printable ASCII characters (:data:`qkmlp.experiments.corpus.VOCAB`).
+#: Newline and the 95 printable ASCII characters (``qkmlp.experiments.corpus.VOCAB``).
 VOCAB_SIZE = 96
 
 
