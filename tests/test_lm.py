@@ -171,3 +171,12 @@ def test_training_rejects_bad_settings():
 def test_vocab_size_matches_the_corpus():
     from qkmlp.experiments.lm import VOCAB_SIZE
     assert VOCAB_SIZE == len(corpus.VOCAB)
+
+
+def test_gpu_size_builds_and_steps():
+    # the --size gpu config, two steps on the excerpt with a tiny batch (the model is the real one)
+    from qkmlp.experiments import TASKS
+    cfg = {**TASKS["lm"].config("gpu"), "source": "excerpt", "max_steps": 2, "eval_every": 1, "batch_size": 2,
+           "val_windows": 2, "val_final_windows": 2, "test_windows": 2, "lr": 1e-3}
+    rec = run_cell("lm", {"family": "gated1-silu"}, 0, cfg)
+    assert rec["steps"] == 2 and rec["model_params"] > 3_000_000 and rec["test_chars"] == 2 * cfg["ctx"]
