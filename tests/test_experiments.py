@@ -298,23 +298,22 @@ def test_run_grid_rejects_bad_seeds():
         run_grid("digits", quick=True, progress=False, rank=0, world=2)
 
 
+@pytest.mark.slow
 def test_parts_with_a_shared_cache_equal_one_process_and_resume(tmp_path, monkeypatch):
-    import threading
+    # two independent processes share the jobs through a cache folder; part 1 writes the file
+    import subprocess
+    import sys
     one = run_grid("modadd", quick=True, progress=False)
-    out = {}
-
-    def part(rank):
-        out[rank] = run_grid("modadd", quick=True, progress=False, cache=tmp_path, rank=rank, world=2, poll_s=0.05)
-
-    threads = [threading.Thread(target=part, args=(k,)) for k in (1, 0)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=600)
-    assert out[1] is None and out[0] is not None
-    merged = out[0]
-    assert [strip_provenance(r) for r in merged["runs"]] == [strip_provenance(r) for r in one["runs"]]
-    assert merged["tuning"] == one["tuning"]
+    cmd = [sys.executable, "-m", "qkmlp.experiments", "--task", "modadd", "--quick", "--no-progress",
+           "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out")]
+    procs = [subprocess.Popen(cmd + ["--part", f"{k}/2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for k in (2, 1)]
+    for p in procs:
+        _, err = p.communicate(timeout=1200)
+        assert p.returncode == 0, err[-2000:]
+    merged = load_results(tmp_path / "out" / "modadd_quick.json")
+    assert [strip_provenance(r) for r in merged["runs"]] == [strip_provenance(r) for r in save_load(one)["runs"]]
+    assert merged["tuning"] == save_load(one)["tuning"]
     assert {r["rank"] for r in merged["runs"]} == {0, 1}
     # resume: every record is in the cache, so nothing trains again
     import qkmlp.experiments.runner as runner
@@ -323,8 +322,17 @@ def test_parts_with_a_shared_cache_equal_one_process_and_resume(tmp_path, monkey
         raise AssertionError("a cached run was trained again")
 
     monkeypatch.setattr(runner, "run_cell", no_training)
-    again = run_grid("modadd", quick=True, progress=False, cache=tmp_path)
-    assert [strip_provenance(r) for r in again["runs"]] == [strip_provenance(r) for r in one["runs"]]
+    again = run_grid("modadd", quick=True, progress=False, cache=tmp_path / "cache")
+    assert again["meta"]["runs_computed_here"] == 0
+    assert [strip_provenance(r) for r in save_load(again)["runs"]] == [strip_provenance(r) for r in merged["runs"]]
+
+
+def save_load(results):
+    """The results as they read back from a file (floats rounded to 5 digits)."""
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as d:
+        return load_results(save_results(results, Path(d) / "r.json"))
 
 
 def test_device_checks():
@@ -475,3 +483,20 @@ def test_late_gain():
     from qkmlp.experiments.runner import late_gain
     assert late_gain([0, 20, 40, 60, 80, 100], [5, 4, 3, 2, 1.5, 1.2]) == pytest.approx(1.5 - 1.2)
     assert late_gain([0, 20, 40, 60, 80, 100], [5, 4, 1, 2, 2, 2]) == 0.0
+
+
+def test_tuning_extends_the_grid_past_an_edge(monkeypatch):
+    import math as _m
+
+    def fake_run(cell, seed, cfg, device, progress=None):      # validation loss smallest at lr = 1e-4
+        return {"val_loss": (_m.log10(cfg["lr"]) + 4) ** 2, "test_loss": 1.0, "test_acc": 0.5}
+
+    monkeypatch.setattr(TASKS["digits"], "run", fake_run)
+    res = run_grid("digits", quick=True, progress=False, config={"lrs": [3e-3, 1e-2]})
+    row = res["tuning"][0]
+    tried = sorted(float(k) for k in row["val_loss_by_lr"])
+    assert tried == pytest.approx([3e-3 / (10 / 3) ** 2, 3e-3 / (10 / 3), 3e-3, 1e-2], rel=1e-2)
+    assert row["lr"] == min(tried) and row["at_edge"]            # two extensions, still at the edge: flagged
+    assert len(res["tune_runs"]) == 2 * 4 and all(r["lr"] == row["lr"] for r in res["runs"])
+    res = run_grid("digits", quick=True, progress=False, config={"lrs": [3e-5, 1e-4, 3e-4]})
+    assert [r["lr"] for r in res["tuning"]] == [1e-4, 1e-4] and len(res["tune_runs"]) == 6   # interior: no extension

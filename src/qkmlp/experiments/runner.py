@@ -4,7 +4,9 @@ The protocol, for every cell (a family, and the teacher or size where the task h
 
 1. **Tune**: train once per learning rate in ``cfg["lrs"]`` and tuning seed in
    ``cfg["tune_seeds"]`` (seeds disjoint from the evaluation seeds); choose the learning
-   rate with the lowest mean validation loss. The choice and every validation loss are
+   rate with the lowest mean validation loss. When that is the smallest or largest rate
+   tried, try one more past that edge (the grid's own ratio), up to
+   ``cfg["lr_extensions"]`` (default 2) times. The choice and every validation loss are
    stored (``results["tuning"]``).
 2. **Evaluate**: train with the chosen rate for each evaluation seed 0 … n − 1, each run
    stopping early when its validation loss stops improving (or at its step budget, which
@@ -139,6 +141,10 @@ def run_cell(task: str, cell: dict, seed: int, config: Optional[dict] = None, de
             "host": socket.gethostname()}
 
 
+def _next_lr(lr: float, factor: float) -> float:
+    return float(f"{lr * factor:.3g}")
+
+
 def choose_lr(tune_runs: list[dict], cell: dict, lrs: list) -> dict:
     """The tuning row of ``cell``: mean validation loss per learning rate and the chosen one.
 
@@ -155,7 +161,7 @@ def choose_lr(tune_runs: list[dict], cell: dict, lrs: list) -> dict:
         vals = [r["val_loss"] if not r.get("diverged") and math.isfinite(r["val_loss"]) else math.inf for r in runs]
         by_lr[lr] = sum(vals) / len(vals)
     best = min(lrs, key=lambda lr: (by_lr[lr], lrs.index(lr)))
-    return {**cell, "lr": best, "val_loss_by_lr": {repr(lr): v for lr, v in by_lr.items()},
+    return {**cell, "lr": best, "val_loss_by_lr": {repr(lr): v for lr, v in sorted(by_lr.items())},
             "at_edge": best in (min(lrs), max(lrs)) and len(lrs) > 1}
 
 
@@ -260,7 +266,8 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
         raise ValueError("independent parts (world > 1 without torch.distributed) need a shared cache folder")
     dev = _resolve_device(device)
     grid = cells if cells is not None else t.cells(cfg)
-    run_cfg = {k: v for k, v in cfg.items() if k not in ("seeds", "lrs", "tune_seeds", "families", "teachers")}
+    run_cfg = {k: v for k, v in cfg.items()
+               if k not in ("seeds", "lrs", "tune_seeds", "families", "teachers", "lr_extensions")}
     folder = None
     if cache is not None:
         folder = Path(cache) / f"{task}-{size}-{_config_hash(task, run_cfg)}"
@@ -278,7 +285,27 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
                    mininterval=5.0)
     tune_recs = _run_jobs(task, tune_jobs, run_cfg, dev, exchange, folder, bar)
     tune_runs = [tune_recs[j[0]] for j in tune_jobs]
-    tuning = [choose_lr(tune_runs, c, lrs) for c in grid]
+    cell_lrs = {cell_key(c): list(lrs) for c in grid}
+    tuning = [choose_lr(tune_runs, c, cell_lrs[cell_key(c)]) for c in grid]
+    # A best rate at the edge of the grid is not a tuned rate: extend the grid past that
+    # edge by the grid's own ratio, up to lr_extensions times.
+    factor = (max(lrs) / min(lrs)) ** (1 / (len(lrs) - 1)) if len(lrs) > 1 else 1.0
+    for _ in range(cfg.get("lr_extensions", 2) if len(lrs) > 1 else 0):
+        extra = []
+        for c, row in zip(grid, tuning):
+            tried = cell_lrs[cell_key(c)]
+            if row["at_edge"]:
+                new_lr = _next_lr(row["lr"], 1 / factor if row["lr"] == min(tried) else factor)
+                tried.append(new_lr)
+                extra += [(_job_name("tune", c, new_lr, s), c, s, new_lr) for s in tune_seeds]
+        if not extra:
+            break
+        if bar is not None:
+            bar.total += (len(extra) + world - 1 - rank) // world
+        more = _run_jobs(task, extra, run_cfg, dev, exchange, folder, bar)
+        tune_jobs += extra
+        tune_runs += [more[j[0]] for j in extra]
+        tuning = [choose_lr(tune_runs, c, cell_lrs[cell_key(c)]) for c in grid]
     lr_of = {cell_key(row): row["lr"] for row in tuning}
     # seed-major order: an interrupted grid has whole seeds of every cell, so it can be cut to
     # fewer seeds without losing pairs
