@@ -180,3 +180,13 @@ def test_gpu_size_builds_and_steps():
            "val_windows": 2, "val_final_windows": 2, "test_windows": 2, "lr": 1e-3}
     rec = run_cell("lm", {"family": "gated1-silu"}, 0, cfg)
     assert rec["steps"] == 2 and rec["model_params"] > 3_000_000 and rec["test_chars"] == 2 * cfg["ctx"]
+
+
+def test_cli_without_the_corpus_says_how_to_fetch_it(tmp_path, monkeypatch, capsys):
+    from qkmlp.experiments.__main__ import main
+    monkeypatch.setenv("QKMLP_CACHE", str(tmp_path))
+    monkeypatch.setattr("qkmlp.experiments.lm._DATA_CACHE", {})      # nothing loaded in this process
+    assert main(["--task", "lm", "--out", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "python -m qkmlp.experiments.corpus fetch" in err and "not in the cache" in err
+    assert not list(tmp_path.glob("*.json"))

@@ -74,6 +74,8 @@ def main(argv=None) -> int:
     if args.part is None:
         rank, world, group, device = _dist.init(args.device)
 
+    from .corpus import CorpusMissingError
+
     t0 = time.perf_counter()
     try:
         for name in tasks:
@@ -91,6 +93,9 @@ def main(argv=None) -> int:
             path = save_results(res, Path(args.out) / results_name(name, res["meta"]["size"]))
             print(f"{name}: {len(res['runs'])} runs (+{len(res['tune_runs'])} tuning) in "
                   f"{res['meta']['wall_s']:.1f} s -> {path}", flush=True)
+    except CorpusMissingError as e:
+        print(f"python -m qkmlp.experiments: error: {e}", file=sys.stderr, flush=True)
+        return 2
     finally:
         if group is not None:
             _dist.finish()
