@@ -431,6 +431,8 @@ def test_shazeer_table_and_orderings():
     agree = ordering_agreement(res)
     assert agree["n"] == 28 and agree["kendall_tau"] > 0.9
     assert agree["agree"] >= 26                # only pairs closer than the noise may flip
+    # the pairs Shazeer resolved (difference > 2 x root-sum-square of his run spreads): 18
+    assert agree["resolved"] == 18 and agree["resolved_agree"] == 18
     flipped = {**res, "runs": [dict(r, test_loss=-r["test_loss"]) for r in runs]}
     assert ordering_agreement(flipped)["kendall_tau"] < -0.9
 

@@ -155,9 +155,12 @@ def ordering_agreement(results: dict, column: int = 0) -> dict:
 
     For each pair of families in :data:`SHAZEER_TABLE1` (``column`` 0: 65 536 steps,
     2: 524 288 steps): Shazeer's order (lower loss first) against ours (the sign of our
-    paired mean difference, and whether its 95 % t-interval excludes zero). Returns
-    ``{"pairs": [...], "n", "agree", "agree_significant", "disagree_significant",
-    "kendall_tau"}`` (τ between the two rankings of the eight means).
+    paired mean difference, and whether its 95 % t-interval excludes zero). A pair is
+    ``resolved`` by Shazeer when his difference exceeds twice the root-sum-square of his
+    two run-to-run standard deviations (65 536-step column). Returns ``{"pairs": [...],
+    "n", "agree", "agree_significant", "disagree_significant", "resolved",
+    "resolved_agree", "resolved_agree_significant", "kendall_tau"}`` (τ between the two
+    rankings of the eight means).
     """
     from itertools import combinations
 
@@ -167,15 +170,20 @@ def ordering_agreement(results: dict, column: int = 0) -> dict:
     pairs = []
     for a, b in combinations(fams, 2):
         theirs = SHAZEER_TABLE1[a][column] - SHAZEER_TABLE1[b][column]
+        spread = (SHAZEER_TABLE1[a][1] ** 2 + SHAZEER_TABLE1[b][1] ** 2) ** 0.5
         c = compare(results, {"family": a}, {"family": b}, metric="test_loss")
         same = theirs != 0 and (c["mean_diff"] < 0) == (theirs < 0)
         pairs.append({"a": a, "b": b, "theirs": theirs, "ours": c["mean_diff"], "ci": c["ci"],
-                      "agree": same, "significant": c["significant"]})
+                      "agree": same, "significant": c["significant"],
+                      "resolved": abs(theirs) > 2 * spread})
     means = {r["family"]: r["mean"] for r in summary(results)}
     tau = kendalltau([SHAZEER_TABLE1[f][column] for f in fams], [means[f] for f in fams]).statistic
+    res = [p for p in pairs if p["resolved"]]
     return {"pairs": pairs, "n": len(pairs), "agree": sum(p["agree"] for p in pairs),
             "agree_significant": sum(p["agree"] and p["significant"] for p in pairs),
             "disagree_significant": sum((not p["agree"]) and p["significant"] for p in pairs),
+            "resolved": len(res), "resolved_agree": sum(p["agree"] for p in res),
+            "resolved_agree_significant": sum(p["agree"] and p["significant"] for p in res),
             "kendall_tau": float(tau)}
 
 
