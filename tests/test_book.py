@@ -141,3 +141,54 @@ def test_api_page_documents_every_public_module():
     documented = set(re.findall(r"^\.\. automodule:: (\S+)", (ROOT / "book" / "api.md").read_text(), re.M))
     assert not modules - documented, f"modules missing from book/api.md: {sorted(modules - documented)}"
     assert not documented - modules, f"book/api.md documents modules that do not exist: {sorted(documented - modules)}"
+
+
+def test_pages_carry_only_what_the_book_uses(book_build):
+    """No Binder/Thebe configuration, no fontawesome.js, no search index outside the
+    search page, sphinx-design only where a page uses it (book/_ext/qkmlp_site.py)."""
+    bad = {}
+    for page in html_pages(book_build.html):
+        text = page.read_text(errors="replace")
+        rel = page.relative_to(book_build.html).as_posix()
+        if 'http-equiv="refresh"' in text.lower():
+            continue
+        found = [what for what, pattern in [
+            ("Thebe/Binder configuration", r"x-thebe-config|THEBE_JS_URL|sphinx-thebe|binderOptions"),
+            ("fontawesome.js", r"fontawesome\.js"),
+            ("sphinx-design assets on a page without its components",
+             r"sphinx-design\.min\.css|design-tabs\.js" if 'class="sd-' not in text else r"(?!)"),
+            ("search index outside the search page",
+             r"searchindex\.js|searchtools\.js" if rel != "search.html" else r"(?!)"),
+        ] if re.search(pattern, text, re.I)]
+        if found:
+            bad[rel] = found
+    assert not bad, bad
+    assert not list((book_build.html / "_static").glob("sphinx-thebe*")), "sphinx-thebe files in _static"
+    assert "searchindex.js" in (book_build.html / "search.html").read_text()
+
+
+def test_indexes_are_linked_and_readable(book_build):
+    """Every page links the general, module and proof indexes; the proof index lists
+    "Theorem 5.2"-style entries under chapter headings, not raw labels."""
+    html = book_build.html
+    for f in toc_entries(book_build.toc):
+        text = (html / f"{f}.html").read_text()
+        for index in ("genindex.html", "py-modindex.html", "prf-prf.html"):
+            assert re.search(rf'href="[./]*{re.escape(index)}"', text), f"{f}.html does not link {index}"
+    proofs = (html / "prf-prf.html").read_text()
+    names = re.findall(r'<code class="xref">([^<]*)</code>', proofs)
+    assert names, "the proof index lists nothing"
+    raw = [n for n in names if not re.fullmatch(
+        r"(Theorem|Lemma|Proposition|Corollary|Definition|Remark|Example|Conjecture|Axiom|"
+        r"Criterion|Algorithm|Property|Observation|Assumption|Notation)( \d+(\.\d+)*)?", n)]
+    assert not raw, f"proof index entries that are not 'Kind number': {raw[:10]}"
+    assert re.search(r"<strong>1\. ", proofs), "the proof index is not grouped by numbered chapter"
+
+
+def test_bibliography_labels_are_author_year(book_build):
+    """The bibliography's labels read as the text cites ("Breslow, 2026"), not "[Bre26]"."""
+    text = (book_build.html / "book" / "bibliography.html").read_text()
+    labels = re.findall(r'<span class="label"><span class="fn-bracket">\[</span>(?:<a[^>]*>)?([^<]*)', text)
+    assert labels, "no bibliography entries"
+    bad = [lab for lab in labels if not re.fullmatch(r"[^\d,]+, \d{4}[a-z]?", lab)]
+    assert not bad, f"labels not in the author-year form: {bad}"

@@ -1,29 +1,48 @@
 """The built book in a real browser: headless Chromium (Debian's `chromium`) opens every
-page from a localhost server, with every request to another host blocked and recorded.
+page from a localhost server, with every request to another host blocked and recorded,
+once in a 1280 x 900 window and once as a 390 x 844 phone.
 
-Checked on every page: no JavaScript error, no request leaving the machine and no failed
-local request; every math element typeset by MathJax with no MathJax error; every image
-loaded and non-empty; theorem/proof blocks numbered; no "??" or unresolved cross-reference;
-every internal link and anchor exists. The static explorer of chapter 5 must answer its
-slider. A screenshot of each page of the table of contents goes to
-test-artifacts/screenshots/.
+Checked on every page, at both widths unless said otherwise: no JavaScript error, no
+request leaving the machine and no failed local request; every math element typeset by
+MathJax with no MathJax error; every image loaded and non-empty; theorem/proof blocks
+numbered; no "??" or unresolved cross-reference; every internal link and anchor exists.
+How it reads (tests/browser_layout.js measures it, with every dropdown opened): no
+Markdown table left as text; no formula wider than its column at 1280 px; no formula cut
+off without a visible way to scroll to it; no page wider than the window; raster images
+drawn at >= 1.5x their displayed size and SVG images shown at >= 0.95 of their natural
+size; text in figures >= 9 pt at the displayed size (where it can be read: matplotlib
+SVGs and SVG <text>); no explorer wider than the window; theme icons drawn. Navigation:
+on a phone the menu button opens the table of contents (and the contents button the
+page's sections); at 1280 px the same button hides and shows the sidebar; one search box.
+Search works over file:// (titles, no console error) and over http (snippets with math
+typeset, no raw TeX). Page weight before MathJax stays under a budget. The static
+explorer answers its slider. A screenshot of each page of the table of contents at each
+width goes to test-artifacts/screenshots/ (the first screen; the whole page with
+QKMLP_SCREENSHOTS=full), and one of the phone menu opened on the landing page.
+
+test_checks_catch_known_defects proves the measuring checks can fail: it plants each
+defect in a copy of a built page and requires every check to report it.
 
 Skipped, with the reason, where Chromium or the playwright package is missing. Playwright
 only drives the system Chromium here (`executable_path`); it never downloads a browser.
 """
 from __future__ import annotations
 
+import base64
 import functools
 import http.server
 import json
 import os
 import re
 import shutil
+import struct
 import threading
+import time
 import urllib.request
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urldefrag, urlparse
+from urllib.parse import unquote, urldefrag, urlparse
 
 import pytest
 
@@ -34,6 +53,22 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "test-artifacts" / "screenshots"
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
+# The two windows every page is read in: a desktop, and a phone (the text column is
+# 688 CSS px at 1280 px and 358 px at 390 px).
+DESKTOP = {"viewport": {"width": 1280, "height": 900}}
+PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True}
+VIEWS = {"1280": DESKTOP, "390": PHONE}
+MIN_FIGURE_PT = 9.0      # smallest text in a figure, at its displayed size
+RASTER_SCALE = 1.5       # a PNG/JPEG must have >= 1.5 image pixels per displayed CSS px
+SVG_SCALE = 0.95         # an SVG (panel text drawn at 9.5 pt) shown at >= 0.95 of its size
+ASSET_BUDGET = 650_000   # bytes of CSS, scripts and fonts a page loads besides MathJax (was ~2.5 MB)
+# Screenshots of each page of the toc: the first screen at each width (fast), or the whole
+# page with QKMLP_SCREENSHOTS=full (minutes: pages are up to 80,000 px tall on a phone).
+FULL_SCREENSHOTS = os.environ.get("QKMLP_SCREENSHOTS", "") == "full"
+LAYOUT_JS = (Path(__file__).with_name("browser_layout.js")).read_text()
+LAYOUT_ARGS = {"minPt": MIN_FIGURE_PT, "rasterScale": RASTER_SCALE, "svgScale": SVG_SCALE}
+LAYOUT_CHECKS = ["raw_table", "wide_math", "cut_math", "page_width", "figure_resolution",
+                 "figure_text", "explorer", "icons"]
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
     "--disable-quic", "--no-first-run", "--disable-component-update", "--disable-sync",
@@ -98,27 +133,36 @@ class PageReport:
     links: list[str] = field(default_factory=list)
     ids: set[str] = field(default_factory=set)
     has_explorer: bool = False
+    # per window ("1280", "390"): check name -> problems (browser_layout.js, navigation)
+    layout: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    stats: dict[str, dict] = field(default_factory=dict)
+    weight: dict[str, int] = field(default_factory=dict)  # bytes: html, mathjax, assets
 
 
-def _open(context, url: str) -> tuple[object, PageReport]:
-    """Open url in a new page with request blocking and error recording set up."""
-    report = PageReport(url)
+def _open(context, url: str, report: PageReport | None = None, tag: str = "") -> tuple[object, PageReport]:
+    """Open url in a new page with request blocking and error recording set up.
+
+    Problems are added to ``report`` (a new one by default), each prefixed with ``tag``.
+    Pages over file:// may load other file:// URLs; nothing else leaves the page.
+    """
+    report = report or PageReport(url)
     page = context.new_page()
 
+    def local(u: str) -> bool:
+        return urlparse(u).hostname in LOCAL_HOSTS or (url.startswith("file:") and u.startswith("file:"))
+
     def route(r):
-        host = urlparse(r.request.url).hostname
-        if r.request.url.startswith(("data:", "blob:", "about:")) or host in LOCAL_HOSTS:
+        if r.request.url.startswith(("data:", "blob:", "about:")) or local(r.request.url):
             r.continue_()
         else:
-            report.blocked.append(r.request.url)
+            report.blocked.append(tag + r.request.url)
             r.abort()
 
     page.route("**/*", route)
-    page.on("pageerror", lambda e: report.js_errors.append(f"pageerror: {e}"))
-    page.on("console", lambda m: m.type == "error" and report.js_errors.append(f"console: {m.text}"))
-    page.on("requestfailed", lambda r: urlparse(r.url).hostname in LOCAL_HOSTS
-            and report.failed.append(f"{r.url}: {r.failure}"))
-    page.on("response", lambda r: r.status >= 400 and report.failed.append(f"{r.url}: HTTP {r.status}"))
+    page.on("pageerror", lambda e: report.js_errors.append(f"{tag}pageerror: {e}"))
+    page.on("console", lambda m: m.type == "error" and report.js_errors.append(f"{tag}console: {m.text}"))
+    page.on("requestfailed", lambda r: local(r.url) and report.failed.append(f"{tag}{r.url}: {r.failure}"))
+    page.on("response", lambda r: r.status >= 400 and report.failed.append(f"{tag}{r.url}: HTTP {r.status}"))
     page.goto(url, wait_until="load")
     return page, report
 
@@ -184,38 +228,195 @@ def _slug(path: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", path.removesuffix(".html")).strip("_")
 
 
+# ---------------------------------------------------------------- navigation, search, weight
+
+TOC_LINKS = "nav.bd-docs-nav a.reference"          # the book's table of contents
+PAGE_TOC_LINKS = "nav.page-toc a, nav.bd-toc-nav a"  # the page's own sections
+
+_ON_SCREEN_JS = """
+(selector) => {
+  // links a reader can see and tap: inside the window and not covered by anything
+  const W = document.documentElement.clientWidth, H = window.innerHeight;
+  const links = [...document.querySelectorAll(selector)];
+  let seen = 0;
+  for (const a of links) {
+    const r = a.getBoundingClientRect();
+    if (r.width < 1 || r.height < 1 || r.right <= 0 || r.left >= W || r.bottom <= 0 || r.top >= H) continue;
+    const x = Math.min(Math.max(r.left + Math.min(r.width / 2, 20), 0), W - 1);
+    const y = Math.min(Math.max(r.top + r.height / 2, 0), H - 1);
+    const hit = document.elementFromPoint(x, y);
+    if (hit && (hit === a || a.contains(hit))) seen++;
+  }
+  return {total: links.length, seen};
+}
+"""
+
+_SEARCH_BOXES_JS = """
+() => {
+  const W = document.documentElement.clientWidth;
+  const vis = e => { const r = e.getBoundingClientRect(), s = getComputedStyle(e);
+    return r.width > 0 && r.height > 0 && r.right > 0 && r.left < W && s.visibility !== 'hidden'; };
+  const name = e => e.tagName.toLowerCase() + '.' + [...e.classList].slice(0, 2).join('.') +
+    ' in ' + ((e.closest('[id]') || {}).id || '?');
+  return {boxes: [...document.querySelectorAll('input[type=search], input[name=q], .search-button-field')]
+                   .filter(vis).map(name),
+          buttons: [...document.querySelectorAll('.search-button')].filter(vis).length};
+}
+"""
+
+_WEIGHT_JS = """
+() => {
+  const nav = performance.getEntriesByType('navigation')[0];
+  const w = {html: nav ? nav.decodedBodySize : 0, mathjax: 0, images: 0, index: 0, assets: 0, largest: ''};
+  let big = 0;
+  for (const r of performance.getEntriesByType('resource')) {
+    const size = r.decodedBodySize || 0;
+    if (/\\/mathjax\\//.test(r.name)) w.mathjax += size;
+    else if (/\\/_images\\//.test(r.name)) w.images += size;
+    else if (/searchindex\\.js/.test(r.name)) w.index = size;  // the search page's index: grows with the book
+    else { w.assets += size; if (size > big) { big = size; w.largest = r.name.split('/').pop().split('?')[0] + ' ' + size; } }
+  }
+  return w;
+}
+"""
+
+
+def _wait_until(page, selector: str, predicate: str, timeout_ms: int = 1500) -> dict:
+    """Poll _ON_SCREEN_JS(selector) until ``predicate`` (JS, on its result ``s``) holds;
+    return the last result (the predicate may still be false after the timeout)."""
+    try:
+        page.wait_for_function(f"(sel) => {{ const s = ({_ON_SCREEN_JS})(sel); return {predicate}; }}",
+                               arg=selector, timeout=timeout_ms, polling=50)
+    except sync_api.TimeoutError:
+        pass
+    return page.evaluate(_ON_SCREEN_JS, selector)
+
+
+def _phone_navigation(page, n_toc: int) -> list[str]:
+    """The menu button opens the table of contents; the contents button the page's sections."""
+    problems = []
+    before = page.evaluate(_ON_SCREEN_JS, TOC_LINKS)
+    menu = page.locator(".primary-toggle:visible")
+    if not menu.count():
+        return ["no visible menu button (.primary-toggle)"]
+    if before["seen"]:
+        problems.append(f"the table of contents is on screen before the menu button is pressed "
+                        f"({before['seen']} links)")
+    menu.first.click()
+    want = min(n_toc, 5)
+    opened = _wait_until(page, TOC_LINKS, f"s.seen >= {want}")
+    if opened["seen"] < want:
+        problems.append(f"the menu button did not open the table of contents: {opened['seen']} of "
+                        f"{opened['total']} chapter links on screen after pressing it (want >= {want})")
+        return problems
+    page.keyboard.press("Escape")
+    if _wait_until(page, TOC_LINKS, "s.seen === 0")["seen"]:
+        problems.append("the table of contents drawer does not close on Escape")
+    contents = page.locator(".secondary-toggle:visible")
+    if contents.count() and page.locator(PAGE_TOC_LINKS).count():
+        contents.first.click()
+        if not _wait_until(page, PAGE_TOC_LINKS, "s.seen > 0")["seen"]:
+            problems.append("the page-contents button did not show the page's sections")
+        page.keyboard.press("Escape")
+        _wait_until(page, PAGE_TOC_LINKS, "s.seen === 0")
+    return problems
+
+
+def _desktop_navigation(page) -> list[str]:
+    """At 1280 px the sidebar is shown, and its button hides it and shows it again."""
+    button = page.locator(".primary-toggle:visible")
+    if not button.count():
+        return ["no visible sidebar button (.primary-toggle)"]
+    if not page.evaluate(_ON_SCREEN_JS, TOC_LINKS)["seen"]:
+        return ["the table of contents is not shown at 1280 px"]
+    button.first.click()
+    if _wait_until(page, TOC_LINKS, "s.seen === 0")["seen"]:
+        return ["the sidebar button did not hide the table of contents"]
+    page.locator(".primary-toggle:visible").first.click()
+    if not _wait_until(page, TOC_LINKS, "s.seen > 0")["seen"]:
+        return ["the sidebar button hid the table of contents but did not show it again"]
+    return []
+
+
+def _search_boxes(page) -> list[str]:
+    found = page.evaluate(_SEARCH_BOXES_JS)
+    if len(found["boxes"]) > 1:
+        return [f"{len(found['boxes'])} search boxes: {found['boxes']}"]
+    if not found["boxes"] and not found["buttons"]:
+        return ["no search box or search button"]
+    return []
+
+
+def inspect_view(page, view: str, n_toc: int, navigation: bool = True) -> tuple[dict[str, list[str]], dict]:
+    """Every layout check of browser_layout.js, plus navigation and search boxes, on an
+    open page in the window ``view`` ("1280" or "390"). Returns (problems, stats)."""
+    found = page.evaluate(LAYOUT_JS, {"phone": view == "390", **LAYOUT_ARGS})
+    stats = found.pop("stats")
+    found["search_boxes"] = _search_boxes(page)
+    if navigation:
+        found["navigation"] = _phone_navigation(page, n_toc) if view == "390" else _desktop_navigation(page)
+    return found, stats
+
+
+def _follow_redirect(page, path: Path, url: str):
+    if 'http-equiv="refresh"' in path.read_text(errors="replace").lower():
+        # index.html forwards to the landing page: follow it, check where it lands
+        page.wait_for_url(lambda u: u != url, timeout=15_000)
+        page.wait_for_load_state("load")
+
+
 @pytest.fixture(scope="module")
 def site(book_build, server, browser) -> dict[str, PageReport]:
-    """Open every HTML page of the build once; screenshot each page of the toc."""
+    """Open every HTML page of the build at 1280 px and as a 390 px phone; screenshot
+    each page of the toc at both widths (every dropdown opened; see FULL_SCREENSHOTS)."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     for old in SCREENSHOTS.glob("*.png"):
         old.unlink()
-    toc_pages = {f"{f}.html" for f in toc_entries(book_build.toc)}
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    toc = toc_entries(book_build.toc)
+    toc_pages = {f"{f}.html" for f in toc}
+    contexts = {view: browser.new_context(**kw) for view, kw in VIEWS.items()}
     reports: dict[str, PageReport] = {}
+    start = time.perf_counter()
     try:
         for path in html_pages(book_build.html):
             rel = path.relative_to(book_build.html).as_posix()
-            page, report = _open(context, server + rel)
-            if 'http-equiv="refresh"' in path.read_text(errors="replace").lower():
-                # index.html forwards to the landing page: follow it, check where it lands
-                page.wait_for_url(lambda u: u != server + rel, timeout=15_000)
-                page.wait_for_load_state("load")
-            report.math = page.evaluate(_MATH_JS)
-            report.images = page.evaluate(_IMAGES_JS)
-            refs = page.evaluate(_REFS_JS)
-            report.unresolved = refs["unresolved"]
-            report.proofs = refs["proofs"]
-            report.links = refs["links"]
-            report.ids = set(refs["ids"])
-            report.has_explorer = refs["explorer"]
-            if rel in toc_pages:
-                page.screenshot(path=str(SCREENSHOTS / f"{_slug(rel)}.png"), full_page=True)
-            page.wait_for_timeout(50)  # let late console errors arrive
-            page.close()
+            report = None
+            for view, context in contexts.items():
+                page, report = _open(context, server + rel, report, tag="" if view == "1280" else "[390 px] ")
+                _follow_redirect(page, path, server + rel)
+                if view == "1280":
+                    report.math = page.evaluate(_MATH_JS)
+                    report.images = page.evaluate(_IMAGES_JS)
+                    refs = page.evaluate(_REFS_JS)
+                    report.unresolved = refs["unresolved"]
+                    report.proofs = refs["proofs"]
+                    report.links = refs["links"]
+                    report.ids = set(refs["ids"])
+                    report.has_explorer = refs["explorer"]
+                    report.weight = page.evaluate(_WEIGHT_JS)
+                else:
+                    page.evaluate(_IMAGES_JS)  # decode every image before measuring
+                found, stats = inspect_view(page, view, len(toc), navigation=False)
+                if rel in toc_pages:
+                    page.screenshot(path=str(SCREENSHOTS / f"{_slug(rel)}@{view}.png"),
+                                    full_page=FULL_SCREENSHOTS, timeout=300_000 if FULL_SCREENSHOTS else 30_000)
+                if view == "390":
+                    found["navigation"] = _phone_navigation(page, len(toc))
+                    if rel == f"{toc[0]}.html" and page.locator(".primary-toggle:visible").count():
+                        page.locator(".primary-toggle:visible").first.click()
+                        _wait_until(page, TOC_LINKS, "s.seen > 0")
+                        page.screenshot(path=str(SCREENSHOTS / f"{_slug(rel)}@390-menu.png"))
+                else:
+                    found["navigation"] = _desktop_navigation(page)
+                report.layout[view] = found
+                report.stats[view] = stats
+                page.wait_for_timeout(50)  # let late console errors arrive
+                page.close()
             reports[rel] = report
     finally:
-        context.close()
+        for context in contexts.values():
+            context.close()
+    print(f"\nbrowser: {len(reports)} pages at {len(VIEWS)} widths in {time.perf_counter() - start:.0f} s")
     return reports
 
 
@@ -229,8 +430,9 @@ def _fail_if(found: dict, what: str):
 def test_every_page_was_opened(site, book_build):
     missing = [f for f in toc_entries(book_build.toc) if f"{f}.html" not in site]
     assert not missing, missing
-    shots = [p for p in SCREENSHOTS.glob("*.png") if not p.name.startswith("explorer_")]
-    assert len(shots) == len(toc_entries(book_build.toc))
+    for view in VIEWS:
+        shots = list(SCREENSHOTS.glob(f"*@{view}.png"))
+        assert len(shots) == len(toc_entries(book_build.toc)), f"{len(shots)} screenshots at {view} px"
 
 
 def test_no_javascript_errors(site):
@@ -315,7 +517,7 @@ def test_internal_links_and_anchors_exist(site, server):
                 target = site.get(rel)
                 if target is None:
                     bad.setdefault(p, []).append(f"missing page {rel}")
-                elif frag and frag not in target.ids:
+                elif frag and frag not in target.ids and unquote(frag) not in target.ids:
                     bad.setdefault(p, []).append(f"missing anchor {rel}#{frag}")
             else:  # downloads (.ipynb, .md sources), images: fetch them
                 if rel not in checked_files:
@@ -327,6 +529,281 @@ def test_internal_links_and_anchors_exist(site, server):
                 if not checked_files[rel]:
                     bad.setdefault(p, []).append(f"broken file link {rel}")
     _fail_if(bad, "broken internal links")
+
+
+# ---------------------------------------------------------------- how it reads, at both widths
+
+def _layout(site, check: str, views=tuple(VIEWS)) -> dict[str, list[str]]:
+    return {f"{p} @ {v} px": r.layout[v][check] for p, r in site.items() for v in views
+            if r.layout.get(v, {}).get(check)}
+
+
+def test_no_markdown_table_is_left_as_text(site):
+    _fail_if(_layout(site, "raw_table"), "Markdown tables shown as raw text")
+
+
+def test_every_formula_fits_its_column_at_1280px(site):
+    _fail_if(_layout(site, "wide_math", ("1280",)), "formulas wider than the column at 1280 px")
+
+
+def test_no_formula_is_cut_without_a_visible_scroll(site):
+    _fail_if(_layout(site, "cut_math"), "formulas cut off, or scrolling with no visible sign")
+
+
+def test_no_page_is_wider_than_the_window(site):
+    _fail_if(_layout(site, "page_width"), "pages wider than the window")
+
+
+def test_figures_are_sharp(site):
+    """Raster images >= 1.5x their displayed size; SVG images >= 0.95 of their own size."""
+    _fail_if(_layout(site, "figure_resolution"), "figures drawn below the resolution they are shown at")
+
+
+def test_figure_text_is_at_least_9pt(site):
+    measured = sum(r.stats[v]["svgTextMeasured"] for r in site.values() for v in r.stats)
+    print(f"\nfigure text measured in {measured} (page, width, figure) cases")
+    _fail_if(_layout(site, "figure_text"), f"figure text below {MIN_FIGURE_PT} pt as displayed")
+
+
+def test_explorers_fit_the_window(site):
+    _fail_if(_layout(site, "explorer"), "explorers wider than the window")
+
+
+def test_theme_icons_are_drawn(site):
+    _fail_if(_layout(site, "icons"), "theme icons without a glyph")
+
+
+def test_phone_menu_opens_the_table_of_contents(site):
+    _fail_if(_layout(site, "navigation", ("390",)), "phone navigation broken")
+
+
+def test_desktop_sidebar_button_hides_and_shows_the_sidebar(site):
+    _fail_if(_layout(site, "navigation", ("1280",)), "sidebar button broken at 1280 px")
+
+
+def test_one_search_box(site):
+    _fail_if(_layout(site, "search_boxes"), "search boxes")
+
+
+def test_page_weight_before_mathjax(site):
+    """What a page loads besides its own HTML, its figures, MathJax and the search index:
+    the theme's and extensions' CSS, scripts and fonts (about 2.5 MB per page before
+    fontawesome.js, Thebe, the search index on every page and unused icons were cut)."""
+    heavy = {p: [f"{r.weight['assets']:,} bytes of assets (largest: {r.weight['largest']})"]
+             for p, r in site.items() if r.weight and r.weight["assets"] > ASSET_BUDGET}
+    worst = max(site.items(), key=lambda kv: kv[1].weight.get("assets", 0))
+    print(f"\nheaviest page: {worst[0]}: html {worst[1].weight['html']:,} B, assets "
+          f"{worst[1].weight['assets']:,} B, figures {worst[1].weight['images']:,} B, "
+          f"MathJax {worst[1].weight['mathjax']:,} B")
+    _fail_if(heavy, f"pages loading more than {ASSET_BUDGET:,} bytes of CSS, scripts and fonts")
+
+
+# ---------------------------------------------------------------- search
+
+_SEARCH_STATE_JS = """
+() => {
+  const items = [...document.querySelectorAll('#search-results ul.search > li')];
+  const snippets = [...document.querySelectorAll('#search-results p.context')];
+  const raw = [];
+  for (const p of snippets) {
+    const c = p.cloneNode(true);
+    c.querySelectorAll('.qk-search-math').forEach(e => e.remove());
+    const m = c.textContent.match(/.{0,30}(\\\\[()\\[\\]]|\\\\[A-Za-z]{2,}|\\$[^$\\s][^$]*\\$).{0,30}/);
+    if (m) raw.push(m[0]);
+  }
+  return {status: (document.querySelector('#search-results .search-summary') || {}).innerText || '',
+          results: items.length, snippets: snippets.length, raw,
+          mathPending: [...document.querySelectorAll('.qk-search-math')].filter(s => !s.querySelector('mjx-container')).length,
+          mathShown: document.querySelectorAll('.qk-search-math mjx-container').length};
+}
+"""
+SEARCH_QUERIES = ("rank", "symmetric", "gated")
+
+
+def _search(context, url: str) -> tuple[dict, PageReport]:
+    page, report = _open(context, url)
+    page.wait_for_function("() => /finished|did not match/i.test((document.querySelector("
+                           "'#search-results .search-summary') || {}).innerText || '')", timeout=30_000)
+    last, t0 = None, time.perf_counter()
+    while time.perf_counter() - t0 < 20:  # snippets arrive one fetch at a time, math after them
+        state = page.evaluate(_SEARCH_STATE_JS)
+        if state == last and not state["mathPending"]:
+            break
+        last = state
+        page.wait_for_timeout(300)
+    page.wait_for_timeout(50)
+    page.close()
+    return state, report
+
+
+def test_search_works_over_http_with_math_in_snippets(book_build, server, browser):
+    context = browser.new_context(**DESKTOP)
+    try:
+        math_shown, bad = 0, {}
+        for q in SEARCH_QUERIES:
+            state, report = _search(context, f"{server}search.html?q={q}")
+            problems = report.js_errors + report.blocked + report.failed
+            if not state["results"]:
+                problems.append(f"no results: {state['status']!r}")
+            if not state["snippets"]:
+                problems.append("no result has a snippet")
+            problems += [f"raw TeX in a snippet: {r!r}" for r in state["raw"]]
+            if problems:
+                bad[q] = problems
+            math_shown += state["mathShown"]
+        _fail_if(bad, "search over http")
+        assert math_shown, f"no snippet for {SEARCH_QUERIES} contains math: the raw-TeX check proved nothing"
+    finally:
+        context.close()
+
+
+def test_search_works_over_file_urls(book_build, browser):
+    """Opened from disk (file://), the search page lists results with no console error."""
+    context = browser.new_context(**DESKTOP)
+    try:
+        url = (book_build.html / "search.html").as_uri()
+        bad = {}
+        for q in SEARCH_QUERIES[:1]:
+            state, report = _search(context, f"{url}?q={q}")
+            problems = report.js_errors + report.blocked + report.failed
+            if not state["results"]:
+                problems.append(f"no results: {state['status']!r}")
+            problems += [f"raw TeX in a snippet: {r!r}" for r in state["raw"]]
+            if problems:
+                bad[q] = problems
+        page, report = _open(context, (book_build.html / f"{toc_entries(book_build.toc)[0]}.html").as_uri())
+        page.evaluate(_MATH_JS)
+        page.wait_for_timeout(50)
+        page.close()
+        if report.js_errors or report.failed or report.blocked:
+            bad["landing page"] = report.js_errors + report.failed + report.blocked
+        _fail_if(bad, "pages over file://")
+    finally:
+        context.close()
+
+
+# ---------------------------------------------------------------- the checks can fail
+
+def _png(width: int, height: int) -> bytes:
+    """A grey PNG of the given size (no imaging library needed)."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+    rows = b"".join(b"\x00" + b"\x80" * width for _ in range(height))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def _panel_svg(title_pt: float | None = None) -> str:
+    from qkmlp import figures
+
+    fig, ax = figures.panel()
+    ax.plot([0, 1, 2], [0, 1, 4], label="gated")
+    ax.set_xlabel("step")
+    ax.legend()
+    if title_pt:
+        ax.set_title("tiny title", fontsize=title_pt)
+    return figures.to_svg(fig)
+
+
+def _data_uri(mime: str, data: bytes) -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def _defect_page(html: Path, page: str) -> str:
+    """The built page with one instance of every defect the layout checks look for, and
+    without the site's fixes (qkmlp-site.js/.css; a hidden .primary-toggle first in the
+    page, as the theme's top bar had, takes the menu button's click)."""
+    text = (html / page).read_text()
+    text = re.sub(r'<script[^>]*qkmlp-site\.js[^>]*></script>', "", text)
+    text = re.sub(r'<link[^>]*qkmlp-site\.css[^>]*/?>', "", text)
+    terms = " + ".join(f"a_{{{i}}}" for i in range(1, 71))
+    inline = " + ".join(f"b_{{{i}}}" for i in range(1, 46))
+    defects = f"""
+<section id="qk-defects"><h2>Planted defects</h2>
+<p id="qk-raw-table">| layer | loss |
+| --- | --- |
+| SwiGLU | 1.94 |</p>
+<p id="qk-raw-table-dashes">| layer | loss |
+|—|—|
+| GEGLU | 1.95 |</p>
+<div class="math notranslate nohighlight">\\[{terms}\\]</div>
+<p>Inline <span class="math notranslate nohighlight">\\({inline}\\)</span> formula.</p>
+<div id="qk-wide-block" style="width:600px;height:4px;background:#c00"></div>
+<img id="qk-blurry" alt="blurry" style="width:300px" src="{_data_uri('image/png', _png(300, 150))}">
+<img id="qk-shrunk" alt="shrunk" style="width:200px" src="{_data_uri('image/svg+xml', _panel_svg().encode())}">
+<img id="qk-tiny-text" alt="tiny" src="{_data_uri('image/svg+xml', _panel_svg(6.0).encode())}">
+<img id="qk-good" alt="good" src="{_data_uri('image/svg+xml', _panel_svg().encode())}">
+<div class="qkmlp-static-explorer" id="qk-wide-explorer" style="width:480px;height:20px;border:1px solid"></div>
+<input id="qk-second-search" type="search" name="q" style="display:block;width:200px">
+<style>.bd-header-article .fa-solid::before {{ content: none !important; }}</style>
+<script>console.error("planted console error");</script>
+</section>"""
+    text = re.sub(r'(<article class="bd-article"[^>]*>)', lambda m: m[1] + defects, text, count=1)
+    text = re.sub(r'(<body[^>]*>)', lambda m: m[1] + '<button class="primary-toggle" style="display:none"></button>',
+                  text, count=1)
+    assert "qk-defects" in text and 'class="primary-toggle" style="display:none"' in text
+    return text
+
+
+class _Server:
+    def __init__(self, directory: Path):
+        handler = functools.partial(_QuietHandler, directory=str(directory))
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_checks_catch_known_defects(book_build, browser, tmp_path):
+    """Each layout check reports its planted defect; the figure-text measurement reads a
+    panel drawn by qkmlp.figures at 9.5 pt as 9.5 pt (an independent calibration)."""
+    pytest.importorskip("matplotlib")
+    root = f"{toc_entries(book_build.toc)[0]}.html"
+    target = tmp_path / root
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(_defect_page(book_build.html, root))
+    (tmp_path / "_static").symlink_to(book_build.html / "_static", target_is_directory=True)
+    server = _Server(tmp_path)
+    found: dict[str, dict[str, list[str]]] = {}
+    stats: dict[str, dict] = {}
+    errors: list[str] = []
+    try:
+        for view, kw in VIEWS.items():
+            context = browser.new_context(**kw)
+            page, report = _open(context, server.url + root)
+            page.evaluate(_IMAGES_JS)
+            found[view], stats[view] = inspect_view(page, view, len(toc_entries(book_build.toc)))
+            page.close()
+            context.close()
+            errors += report.js_errors
+    finally:
+        server.close()
+
+    def caught(view, check, *needles):
+        text = "\n".join(found[view][check])
+        missing = [n for n in needles if n not in text]
+        assert not missing, f"{check} @ {view} px missed {missing}; it reported: {found[view][check]}"
+
+    for view in VIEWS:
+        assert len(found[view]["raw_table"]) == 2, \
+            f"raw_table @ {view} px: want the 2 planted tables, got {found[view]['raw_table']}"
+        caught(view, "cut_math", "a_{1} + a_{2}", "no visible sign", "b_{1} + b_{2}", "cut to")
+        caught(view, "figure_resolution", "#qk-blurry", "1.00×", "#qk-shrunk")
+        caught(view, "figure_text", "#qk-tiny-text", "#qk-shrunk")
+        assert "#qk-good" not in "\n".join(found[view]["figure_text"] + found[view]["figure_resolution"])
+        caught(view, "icons", "no glyph")
+        caught(view, "navigation", "did not")
+        good = [f["minPt"] for f in stats[view]["figureText"] if "#qk-good" in f["where"]]
+        assert len(good) == 1 and abs(good[0] - 9.5) < 0.25, \
+            f"a panel drawn at 9.5 pt measures {good} pt @ {view} px: the figure-text scale is wrong"
+    caught("1280", "wide_math", "a_{1} + a_{2}", "b_{1} + b_{2}")
+    caught("1280", "search_boxes", "2 search boxes")
+    caught("390", "page_width", "#qk-wide-block")
+    caught("390", "explorer", "#qk-wide-explorer")
+    assert any("planted console error" in e for e in errors), errors
 
 
 # ---------------------------------------------------------------- the static explorer

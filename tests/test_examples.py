@@ -5,11 +5,17 @@ import pytest
 import torch
 from torch import nn
 
-from qkmlp import BilinearAttentionMLP, KeyValueMLP
+from qkmlp import BilinearAttentionMLP, GatedMLP, KeyValueMLP, SymmetricBilinearMLP
 from qkmlp.examples import (
     BiasCoordinate,
     FactTask,
     antisymmetric_part,
+    bilinear_from_key_value,
+    directional_derivative,
+    fit_stacked,
+    gated_as_bilinear_attention,
+    gradient_jump,
+    static_versus_key_value,
     capital_facts,
     compare_on_product,
     decode,
@@ -206,3 +212,134 @@ def test_matrix_of_quadratic_form_recovers_symmetric_part():
     torch.testing.assert_close(single, (A + A.T) / 2)
     with pytest.raises(ValueError, match="score must map"):
         matrix_of_quadratic_form(lambda x: x.sum(), 3)
+
+
+# ---------------------------------------------------------------- chapters 2-4 additions
+
+F64 = torch.float64
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu", "sigmoid"])
+def test_bilinear_from_key_value_equals_mlp_with_biases(activation):
+    # against the plain nn.Linear -> σ -> nn.Linear with biases, not against kv itself
+    torch.manual_seed(0)
+    fc1, fc2 = nn.Linear(5, 7, dtype=F64), nn.Linear(7, 3, dtype=F64)
+    act = {"relu": torch.relu, "gelu": nn.functional.gelu, "sigmoid": torch.sigmoid}[activation]
+    bi = bilinear_from_key_value(key_value_from_mlp(fc1, fc2, activation))
+    assert isinstance(bi, BilinearAttentionMLP) and bi.d_model == 6
+    x = torch.randn(20, 5, dtype=F64)
+    torch.testing.assert_close(bi(with_bias_coordinate(x)), fc2(act(fc1(x))))
+    # every A_j has rank one
+    assert (torch.linalg.matrix_rank(bi.interaction) <= 1).all()
+
+
+def test_bilinear_from_key_value_is_even_off_the_constant_coordinate():
+    torch.manual_seed(1)
+    kv = KeyValueMLP(4, 6, 2, activation="relu", dtype=F64)
+    bi = bilinear_from_key_value(kv)
+    x = torch.randn(30, 4, dtype=F64)
+    torch.testing.assert_close(bi(-x), bi(x))
+    with pytest.raises(TypeError, match="KeyValueMLP"):
+        bilinear_from_key_value(nn.Linear(2, 2))
+
+
+def test_static_versus_key_value_matches_fit_one_model_at_a_time():
+    # the batched loop against qkmlp.training.fit on each model separately
+    from qkmlp import StaticQueryMLP
+    from qkmlp.training import fit
+
+    torch.manual_seed(0)
+    teacher = KeyValueMLP(4, 6, 2)
+    x, y = teacher_data(teacher, 64, 4, seed=0)
+    res = static_versus_key_value(x, y, 3, seeds=[0, 5], steps=25)
+    assert res["key_value"].shape == res["static_query"].shape == (2, 25)
+    for i, seed in enumerate((0, 5)):
+        torch.manual_seed(seed)
+        kv = KeyValueMLP(4, 3, 2)
+        sq = StaticQueryMLP(4, 3, 2)
+        with torch.no_grad():
+            sq.query.copy_(torch.eye(4))
+            sq.key.copy_(kv.key)
+            sq.value.copy_(kv.value)
+        a = torch.tensor(fit(kv, x, y, steps=25))
+        b = torch.tensor(fit(sq, x, y, steps=25))
+        torch.testing.assert_close(res["key_value"][i], a, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(res["static_query"][i], b, rtol=1e-4, atol=1e-6)
+    # same function at step 0, different losses after training
+    torch.testing.assert_close(res["key_value"][:, 0], res["static_query"][:, 0])
+    assert not torch.allclose(res["key_value"][:, -1], res["static_query"][:, -1])
+    with pytest.raises(ValueError, match="seeds"):
+        static_versus_key_value(x, y, 3, seeds=[])
+    with pytest.raises(ValueError, match="shapes"):
+        static_versus_key_value(x, y[:5], 3, seeds=[0])
+
+
+@pytest.mark.parametrize("rank", [1, 3])
+@pytest.mark.parametrize("activation", ["silu", "relu", "gelu"])
+def test_gated_as_bilinear_attention_equals_the_plain_formula(rank, activation):
+    torch.manual_seed(2)
+    layer = GatedMLP(5, 4, 3, rank=rank, activation=activation, dtype=F64)
+    lifted = gated_as_bilinear_attention(layer)
+    x = torch.randn(2, 7, 5, dtype=F64)
+    act = {"relu": torch.relu, "gelu": nn.functional.gelu, "silu": nn.functional.silu}[activation]
+    Q, K, V = layer.query.detach(), layer.key.detach(), layer.value.detach()
+    a = torch.einsum("...d,jsd->...js", x, Q)      # x·q_{j,s}
+    b = torch.einsum("...d,jsd->...js", x, K)      # x·k_{j,s}
+    plain = (act(a) * b).sum(-1) @ V
+    torch.testing.assert_close(lifted(x), plain)
+    z = lifted.lift(x)
+    assert z.shape == (2, 7, 5 + 4 * rank)
+    assert lifted.bilinear.activation.is_linear
+    assert (torch.linalg.matrix_rank(lifted.bilinear.interaction) <= rank).all()
+    with pytest.raises(ValueError, match="shape"):
+        lifted(torch.randn(3, 4, dtype=F64))
+    with pytest.raises(TypeError, match="GatedMLP"):
+        gated_as_bilinear_attention(SymmetricBilinearMLP(5, 4))
+
+
+def test_directional_derivative_of_polynomials():
+    x = torch.randn(6, 3, dtype=F64)
+    u = torch.randn(6, 3, dtype=F64)
+    cube = lambda t: (t ** 3).sum(-1, keepdim=True)  # noqa: E731
+    # d/dt (x+tu)^3 = 3 u (x+tu)^2; second: 6 u^2 (x+tu); third: 6 u^3; fourth: 0
+    torch.testing.assert_close(directional_derivative(cube, x, u, 1), (3 * u * x ** 2).sum(-1, keepdim=True))
+    torch.testing.assert_close(directional_derivative(cube, x, u, 2), (6 * u ** 2 * x).sum(-1, keepdim=True))
+    torch.testing.assert_close(directional_derivative(cube, x, u, 3), (6 * u ** 3).sum(-1, keepdim=True))
+    torch.testing.assert_close(directional_derivative(cube, x, u, 4), torch.zeros(6, 1, dtype=F64))
+    with pytest.raises(ValueError, match="order"):
+        directional_derivative(cube, x, u, 0)
+
+
+def test_gradient_jump_of_relu_products():
+    q, k = torch.tensor([1.0, 0.0], dtype=F64), torch.tensor([0.3, 1.0], dtype=F64)
+    f = lambda x: torch.relu(x @ q) * (x @ k)  # noqa: E731
+    x0 = torch.tensor([0.0, 2.0], dtype=F64)   # on the gate line x·q = 0, x·k = 2
+    # the gradient is (x·k) q on the side x·q > 0 and 0 on the other
+    torch.testing.assert_close(gradient_jump(f, x0, q), 2.0 * q, atol=1e-6, rtol=0)
+    smooth = lambda x: (x @ q) * (x @ k)  # noqa: E731
+    torch.testing.assert_close(gradient_jump(smooth, x0, q), torch.zeros(2, dtype=F64), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="eps"):
+        gradient_jump(f, x0, q, eps=0.0)
+
+
+def test_fit_stacked_equals_fit_on_each_model():
+    from qkmlp.training import fit
+
+    x, y = product_data(64, 3, seed=4)
+    models, alone = [], []
+    for seed in (0, 1, 2):
+        torch.manual_seed(seed)
+        models.append(nn.Sequential(BiasCoordinate(), KeyValueMLP(4, 5, 1, activation="relu")))
+        torch.manual_seed(seed)
+        alone.append(nn.Sequential(BiasCoordinate(), KeyValueMLP(4, 5, 1, activation="relu")))
+    hist = fit_stacked(models, x, y, steps=30, lr=1e-2)
+    assert hist.shape == (3, 30)
+    for i, model in enumerate(alone):
+        ref = torch.tensor(fit(model, x, y, steps=30, lr=1e-2))
+        torch.testing.assert_close(hist[i], ref, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(models[i][1].key, model[1].key, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(models[i][1].value, model[1].value, rtol=1e-5, atol=1e-7)
+    with pytest.raises(ValueError, match="at least one"):
+        fit_stacked([], x, y)
+    with pytest.raises(ValueError, match="rows"):
+        fit_stacked(models, x, y[:3])

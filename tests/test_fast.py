@@ -17,6 +17,7 @@ from qkmlp import (
     KeyValueMLP,
     StaticQueryMLP,
     SymmetricBilinearMLP,
+    SymmetrizedGatedMLP,
     activation_names,
     get_activation,
 )
@@ -63,10 +64,11 @@ def test_fused_backward_gradcheck(cls, act):
     torch.manual_seed(1)
     m, r, d, o = 3, 2, 4, 5
     x = torch.randn(6, d, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(2 * m * r, d, dtype=torch.float64, requires_grad=True)
+    q = torch.randn(m * r, d, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(m * r, d, dtype=torch.float64, requires_grad=True)
     v = torch.randn(m, o, dtype=torch.float64, requires_grad=True)
     f = fn.gated if cls is GatedMLP else fn.symmetric
-    assert torch.autograd.gradcheck(lambda x, w, v: f(x, w, v, act, m, r), (x, w, v))
+    assert torch.autograd.gradcheck(lambda x, q, k, v: f(x, q, k, v, act), (x, q, k, v))
 
 
 @pytest.mark.parametrize("cls,ref", FACTORED)
@@ -121,7 +123,7 @@ def test_half_dtypes_keep_elementwise_math_in_float32(cls, dtype, rank):
     assert y.dtype == dtype
     # expected: GEMMs in the half dtype, σ and the product in float32, cast before V
     mr = 12 * rank
-    ab = (x @ layer._packed_weight().T).float()
+    ab = (x @ torch.cat([layer.query_weight, layer.key_weight]).T).float()
     a, b = ab[:, :mr].reshape(5, 12, rank), ab[:, mr:].reshape(5, 12, rank)
     act = layer.activation
     h = (act(a) * b).sum(-1) if cls is GatedMLP else act((a * b).sum(-1))
@@ -150,7 +152,7 @@ def test_autocast_bfloat16(cls):
         y = layer(x)
     assert y.dtype == torch.bfloat16
     y.float().sum().backward()
-    assert layer.query_key.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
+    assert layer.query_weight.grad.dtype == torch.float32 and x.grad.dtype == torch.float32
     ref = layer(x.detach())
     assert ((y.float() - ref).norm() / ref.norm()) < 3e-2
 
@@ -230,33 +232,47 @@ def test_from_linear_matches_llama_mlp_with_gradients():
     layer = GatedMLP.from_linear(llama.gate_proj, llama.up_proj, llama.down_proj)
     x = torch.randn(2, 5, 12, dtype=torch.float64, requires_grad=True)
     gy = torch.randn(2, 5, 12, dtype=torch.float64)
-    y, gx, gqk, gv = _grads(layer, x, gy)
+    y, gx, gq, gk, gv = _grads(layer, x, gy)
     y2 = llama(x)
     gx2, gg, gu, gd = torch.autograd.grad(y2, [x, *llama.parameters()], gy)
     torch.testing.assert_close(y, y2)
     torch.testing.assert_close(gx, gx2)
-    torch.testing.assert_close(gqk[0, :, 0], gg)
-    torch.testing.assert_close(gqk[1, :, 0], gu)
+    torch.testing.assert_close(gq, gg)
+    torch.testing.assert_close(gk, gu)
     torch.testing.assert_close(gv, gd.T)
 
 
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
-def test_packed_views_write_through_and_deepcopy(cls):
+@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP, SymmetrizedGatedMLP])
+def test_views_write_through_and_deepcopy(cls):
     layer = cls(4, 3, rank=2)
-    assert [n for n, _ in layer.named_parameters()] == ["query_key", "value"]
+    assert [n for n, _ in layer.named_parameters()] == ["query_weight", "key_weight", "value"]
+    assert layer.query_weight.shape == layer.key_weight.shape == (6, 4)
     assert layer.query.shape == layer.key.shape == (3, 2, 4)
     with torch.no_grad():
         layer.query.mul_(2.0)
-        layer.key.copy_(torch.ones(3, 2, 4))
-    assert torch.equal(layer.query_key[1], torch.ones(3, 2, 4))
+        layer.key.copy_(torch.arange(24.0).reshape(3, 2, 4))
+    assert torch.equal(layer.key_weight, torch.arange(24.0).reshape(6, 4))   # row j·r + s is k_{j,s}
+    assert torch.equal(layer.key_weight[2 * 1 + 1], layer.key[1, 1])
     clone = copy.deepcopy(layer)
     with torch.no_grad():
         clone.query.zero_()
     assert not torch.equal(layer.query, clone.query)
-    # the unpacked state-dict layout still loads
+
+
+@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP, SymmetrizedGatedMLP])
+def test_earlier_state_dict_layouts_load(cls):
+    """The packed (2, m, r, d) ``query_key`` and the separate (m, r, d) query and key."""
+    layer = cls(4, 3, rank=2)
+    q, k, v = layer.query.detach().clone(), layer.key.detach().clone(), layer.value.detach().clone()
+    for sd in ({"query_key": torch.stack([q, k]), "value": v}, {"query": q, "key": k, "value": v}):
+        other = cls(4, 3, rank=2)
+        other.load_state_dict(sd)
+        assert torch.equal(other.query, q) and torch.equal(other.key, k) and torch.equal(other.value, v)
     other = cls(4, 3, rank=2)
-    other.load_state_dict({"query": layer.query.detach(), "key": layer.key.detach(), "value": layer.value.detach()})
-    assert torch.equal(other.query_key, layer.query_key)
+    before = copy.deepcopy(other.state_dict())
+    with pytest.raises(RuntimeError, match="query_key: expected shape"):
+        other.load_state_dict({"query_key": torch.zeros(2, 3, 1, 4), "value": v})
+    assert all(torch.equal(other.state_dict()[n], t) for n, t in before.items())
 
 
 def test_rank_r_equals_its_dense_form_without_materialising():
@@ -272,9 +288,19 @@ def test_rank_r_equals_its_dense_form_without_materialising():
     assert _activation_bytes(layer, x) == 8 * n * (d + 2 * m * r)
 
 
-def test_fused_function_rejects_bad_shapes():
-    with pytest.raises(ValueError, match="w_qk"):
-        fn.gated(torch.randn(3, 4), torch.randn(5, 4), torch.randn(2, 4), "silu", 2, 1)
+def test_fused_function_rejects_bad_input():
+    x, w, v = torch.randn(3, 4), torch.randn(4, 4), torch.randn(2, 4)
+    with pytest.raises(ValueError, match="query and key"):
+        fn.gated(x, torch.randn(5, 4), torch.randn(5, 4), v, "silu")
+    with pytest.raises(ValueError, match="query and key"):
+        fn.gated(x, w, torch.randn(4, 3), v, "silu")
+    with pytest.raises(ValueError, match="unknown activation 'nope'; expected one of identity"):
+        fn.gated(x, w, w, v, "nope")
+    with pytest.raises(ValueError, match="registered activation"):
+        fn.symmetric(x, w, w, v, torch.sin)
+    with pytest.raises(TypeError, match="one dtype and device"):
+        fn.gated(x, w.double(), w, v, "silu")
+    assert torch.equal(fn.gated(x, w, w, v, "swish"), fn.gated(x, w, w, v, "silu"))   # aliases
     with pytest.raises(ValueError, match="no fused derivative"):
         fn.activation_backward("nope", torch.zeros(1), torch.zeros(1), torch.zeros(1))
 
@@ -352,9 +378,10 @@ def test_double_backward(f):
     torch.manual_seed(11)
     m, r, d, o = 3, 2, 4, 2
     x = torch.randn(5, d, dtype=torch.float64, requires_grad=True)
-    w = torch.randn(2 * m * r, d, dtype=torch.float64, requires_grad=True)
+    q = torch.randn(m * r, d, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(m * r, d, dtype=torch.float64, requires_grad=True)
     v = torch.randn(m, o, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradgradcheck(lambda x, w, v: f(x, w, v, "silu", m, r), (x, w, v))
+    assert torch.autograd.gradgradcheck(lambda x, q, k, v: f(x, q, k, v, "silu"), (x, q, k, v))
 
 
 def test_bench_compiled_candidates(capsys):
@@ -437,3 +464,98 @@ def test_pooled_paired_ratio_and_format_paired():
           "verdicts": {"gated_mlp": {"fwd_vs_llama": "met"}}}
     assert format_paired(hl, ["gated_mlp"], ["fwd_vs_llama"]) == ["  gated_mlp: fwd_vs_llama 0.980 [0.970, 0.990] met"]
     assert len(format_paired(hl)) == 2
+
+
+# --- property tests: fast path against the plain path over shapes, layouts and dtypes ---
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+LAYOUTS = ("contiguous", "empty", "one_row", "one_token", "transposed", "expanded", "strided", "3d_permuted")
+PROP_TOL = {torch.float64: (1e-10, 1e-12), torch.float32: (1e-5, 1e-6), torch.bfloat16: (2e-2, 2e-2)}
+
+
+def _input(layout, n, d, dtype, gen):
+    r = lambda *s: torch.randn(*s, generator=gen).to(dtype)
+    return {
+        "contiguous": lambda: r(n, d),
+        "empty": lambda: r(0, d),
+        "one_row": lambda: r(1, d),
+        "one_token": lambda: r(d),
+        "transposed": lambda: r(d, n).T,
+        "expanded": lambda: r(1, d).expand(n, d),
+        "strided": lambda: r(n, 2 * d)[:, ::2],
+        "3d_permuted": lambda: r(n, 2, d).transpose(0, 1),
+    }[layout]()
+
+
+@st.composite
+def fast_cases(draw):
+    cls = draw(st.sampled_from([GatedMLP, SymmetricBilinearMLP, SymmetrizedGatedMLP]))
+    sizes = [draw(st.integers(1, n)) for n in (6, 5, 3, 4, 5)]   # d, m, r, d_out, N
+    return (cls, *sizes, draw(st.sampled_from([torch.float32, torch.float64, torch.bfloat16])),
+            draw(st.sampled_from(activation_names())), draw(st.sampled_from(LAYOUTS)),
+            draw(st.booleans()), draw(st.integers(0, 2**16)))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fast_cases())
+def test_property_fast_path_equals_plain_path(case):
+    cls, d, m, r, o, n, dtype, act, layout, grad, seed = case
+    torch.manual_seed(seed)
+    fast = cls(d, m, o, rank=r, activation=act, dtype=dtype)
+    plain = copy.deepcopy(fast)
+    plain.fused = False
+    gen = torch.Generator().manual_seed(seed)
+    x = _input(layout, n, d, dtype, gen)
+    x_before = x.clone()
+    rtol, atol = PROP_TOL[dtype]
+    if not grad:
+        with torch.no_grad():
+            y, want = fast(x), plain(x)
+        torch.testing.assert_close(y, want, rtol=rtol, atol=atol)
+        assert y.shape == (*x.shape[:-1], o) and y._base is None
+        assert torch.equal(x, x_before)                          # the scratch path leaves x alone
+        return
+    outs = []
+    for layer in (fast, plain):
+        xg = x.detach().clone().requires_grad_() if layout != "expanded" else x.detach().requires_grad_()
+        y = layer(xg)
+        gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+        outs.append((y, *torch.autograd.grad(y, [xg, *layer.parameters()], gy)))
+    for g, w in zip(*outs):
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol * max(1.0, w.abs().max().item() if w.numel() else 1.0))
+    assert torch.equal(x, x_before)
+
+
+# --- numerics are pinned: the float32 fast path is this sequence of torch ops -----------------
+
+@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+def test_float32_rank1_fast_path_is_the_documented_op_sequence(cls):
+    """Bit for bit: forward a = xQᵀ, b = xKᵀ, h = σ(a)·b (gated) or σ(a·b), y = hV; backward
+    dh = dy·Vᵀ, torch's own σ-backward kernel, dx = da·Q then += db·K (one addmm_),
+    dQ = daᵀx, dK = dbᵀx, dV = hᵀdy. Rounding changes here would move stored results."""
+    aten = torch.ops.aten
+    torch.manual_seed(12)
+    layer = cls(24, 40, 16)
+    x = torch.randn(33, 24, requires_grad=True)
+    gy = torch.randn(33, 16)
+    y = layer(x)
+    got = (y, *torch.autograd.grad(y, [x, *layer.parameters()], gy))
+    with torch.no_grad():
+        Q, K, V = layer.query_weight, layer.key_weight, layer.value
+        a, b = x @ Q.T, x @ K.T
+        dh = gy @ V.T
+        if cls is GatedMLP:
+            s = F.silu(a)
+            h = s * b
+            da, db = aten.silu_backward(dh * b, a), dh * s
+        else:
+            p = a * b
+            h = F.silu(p)
+            dp = aten.silu_backward(dh, p)
+            da, db = dp * b, dp * a
+        want = (h @ V, (da @ Q).addmm_(db, K), da.T @ x, db.T @ x, h.T @ gy)
+        assert torch.equal(layer(x), want[0])                     # the inference path too
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)

@@ -317,3 +317,35 @@ def test_symmetrized_gated_is_swap_invariant_and_differs_from_gated():
     gated = make(GatedMLP, 2, "silu")
     gated.load_state_dict(layer.state_dict())
     assert relative_change(gated, layer, x) > 1e-2
+
+
+# --- numerics are pinned: the documented initialisation, draw by draw ---------------------
+
+def _recipe(cls, d, m, o, r, dtype):
+    """The documented initialisation drawn from the global generator in the documented
+    order (``reset_parameters``), into freshly made tensors of the documented shapes."""
+    u = lambda shape, b: torch.empty(shape, dtype=dtype).uniform_(-b, b)
+    bd, bm = 1 / math.sqrt(d), 1 / math.sqrt(m)
+    if cls is KeyValueMLP:
+        return {"key": u((m, d), bd), "value": u((m, o), bm)}
+    if cls is StaticQueryMLP:
+        key = u((m, d), bd)
+        query = u((d, d), bd / math.sqrt(d)) + torch.eye(d, dtype=dtype)
+        return {"query": query, "key": key, "value": u((m, o), bm)}
+    if cls is BilinearAttentionMLP:
+        return {"interaction": u((m, d, d), 1 / d), "value": u((m, o), bm)}
+    return {"query": u((m, r, d), bd), "key": u((m, r, d), bd), "value": u((m, o), bm)}
+
+
+@pytest.mark.parametrize("cls,rank", ALL, ids=IDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_fresh_layer_holds_the_documented_draws_bit_for_bit(cls, rank, dtype):
+    """Same torch seed, same weights as the recipe: stored results stay reproducible."""
+    for seed in (0, 7):
+        torch.manual_seed(seed)
+        layer = make_sized = cls(D, M, O, dtype=dtype, **({} if rank is None else {"rank": rank}))
+        torch.manual_seed(seed)
+        want = _recipe(cls, D, M, O, rank, dtype)
+        for name, w in want.items():
+            assert torch.equal(getattr(make_sized, name), w), (name, seed)
+        assert layer.value.dtype == dtype

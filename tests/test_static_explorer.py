@@ -155,7 +155,7 @@ def test_precomputed_data_gives_same_page():
     a = static_explorer_html(uid="same", data=data, activation="tanh", alpha=-1.0)
     b = static_explorer_html(uid="same", activations=["relu", "tanh"], ranks=(2,), activation="tanh", alpha=-1.0)
     assert a == b
-    assert '<option value="2" selected>' in a
+    assert '<input type="hidden" class="qkmlp-rank" value="2">' in a   # one rank: no menu
 
 
 def test_bad_input():
@@ -216,5 +216,55 @@ def test_js_updates_text_and_plot(tmp_path, page):
             assert float(t2[1]) < 1e-12  # tanh is odd: α = −1 leaves the gated form invariant
             assert pg.locator("#ex-b .qkmlp-alpha-value").inner_text() == "1"  # untouched
             assert not errors
+        finally:
+            browser.close()
+
+
+def test_one_rank_has_no_menu_and_the_note_matches():
+    """A single rank is a fixed hidden value, not a menu with one option; the note says what the plots show."""
+    one = static_explorer_html(uid="one", activations=["relu"])
+    tags = _parse(one)
+    (rank,) = _with_class(tags, "qkmlp-rank")
+    assert rank[0] == "input" and rank[1]["type"] == "hidden" and rank[1]["value"] == "1"
+    assert "same at every rank" not in one
+    several = static_explorer_html(uid="two", activations=["relu"], ranks=(1, 2))
+    (rank,) = _with_class(_parse(several), "qkmlp-rank")
+    assert rank[0] == "select"
+    assert "same at every rank" in several      # the plots show one component, rank-independent
+
+
+def test_responsive_layout():
+    """No fixed width wider than a phone's column: each panel is its own SVG that can shrink."""
+    html = static_explorer_html(uid="resp", activations=["relu"])
+    svgs = [a for tag, a, _ in _parse(html) if tag == "svg"]
+    assert len(svgs) == 2
+    for a in svgs:
+        assert int(a["width"]) <= 300 and "viewBox" in a or "viewbox" in a
+    assert "max-width: 100%" in html and "flex-wrap: wrap" in html
+    assert not re.search(r'width="(4[0-9]{2}|[5-9][0-9]{2})"', html)   # nothing 400 px or wider
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(_chromium() is None, reason="needs playwright and a chromium binary")
+def test_fits_a_phone(tmp_path):
+    """At a 390 px viewport the explorer is no wider than the page and its SVG text stays ≥ 12 px."""
+    from playwright.sync_api import sync_playwright
+
+    html = static_explorer_html(uid="phone", ranks=(1, 2))
+    f = tmp_path / "phone.html"
+    f.write_text("<!doctype html><html><head><meta charset='utf-8'>"
+                 "<meta name='viewport' content='width=device-width, initial-scale=1'></head>"
+                 f"<body style='margin:16px'>{html}</body></html>")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        try:
+            pg = browser.new_page(viewport={"width": 390, "height": 800})
+            pg.goto(f.as_uri())
+            box = pg.evaluate("""() => { const r = document.getElementById('phone');
+                return {w: r.getBoundingClientRect().width, sw: r.scrollWidth,
+                        doc: document.documentElement.scrollWidth,
+                        svg: [...r.querySelectorAll('svg')].map(s => s.getBoundingClientRect().width)}; }""")
+            assert box["doc"] <= 390 and box["sw"] <= box["w"] + 1
+            assert all(w >= 240 for w in box["svg"])     # at (nearly) natural size: text legible
         finally:
             browser.close()

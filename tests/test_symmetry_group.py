@@ -300,3 +300,29 @@ def test_weight_decay_shrinks_conserved_quantity_geometrically():
     expected = (1 - lr * wd) ** (2 * steps)
     assert expected < 0.5
     assert torch.allclose(c1, expected * c0, atol=1e-3, rtol=1e-2)
+
+
+# --- gauge_symmetry_dimension ---------------------------------------------------------------
+
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_gauge_symmetry_dimension_follows_the_gauge_theorems(rank):
+    """Symmetric: every generator; gated ReLU: the diagonals; gated SiLU/GELU: none."""
+    from qkmlp.symmetry_group import gauge_symmetry_dimension
+
+    torch.manual_seed(rank)
+    m = 3
+    cases = [(SymmetricBilinearMLP, "silu", m * rank * rank), (SymmetricBilinearMLP, "relu", m * rank * rank),
+             (GatedMLP, "relu", m * rank), (GatedMLP, "leaky_relu", m * rank),
+             (GatedMLP, "silu", 0), (GatedMLP, "gelu", 0), (GatedMLP, "identity", m * rank * rank)]
+    for cls, act, want in cases:
+        got = gauge_symmetry_dimension(cls(7, m, rank=rank, activation=act))
+        assert got == want, (cls.__name__, act, rank, got, want)
+
+
+def test_gauge_symmetry_dimension_bad_input():
+    from qkmlp.symmetry_group import gauge_symmetry_dimension
+
+    with pytest.raises(TypeError, match="rank-r factors"):
+        gauge_symmetry_dimension(KeyValueMLP(4, 3))
+    with pytest.raises(ValueError, match="eps"):
+        gauge_symmetry_dimension(GatedMLP(4, 3), eps=0.0)

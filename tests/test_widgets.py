@@ -204,3 +204,21 @@ def test_one_thread_restores_thread_count():
             assert torch.get_num_threads() == 1
             raise RuntimeError("boom")
     assert torch.get_num_threads() == before
+
+
+def test_predicted_change_for_negative_alpha_odd_degree_two():
+    """σ(z) = z|z| (odd, degree 2): α < 0 gives |α|^(p−1) f, measured against the prediction."""
+    from qkmlp.widgets import predicted_scale_change
+
+    odd2 = get_activation(lambda z: z * z.abs(), homogeneity_degree=2, is_odd=True)
+    even2 = get_activation(torch.square, homogeneity_degree=2)
+    x = make_batch()
+    layer = make_layer("gated", odd2)
+    for alpha in (-4.0, -2.0, -0.5, 0.5, 3.0):
+        got = measure(layer, x, alpha)
+        assert got["scale_predicted_change"] == pytest.approx(abs(abs(alpha) - 1))
+        assert got["scale_change"] == pytest.approx(abs(abs(alpha) - 1), rel=1e-12, abs=1e-14)
+    assert measure(layer, x, -1.0)["scale_change"] == 0.0
+    # an even σ: no number predicted for α < 0 (the change is |α|^(p−1) + 1, not declared)
+    assert predicted_scale_change(make_layer("gated", even2), -2.0) is None
+    assert measure(make_layer("gated", even2), x, -2.0)["scale_change"] == pytest.approx(3.0, rel=1e-12)

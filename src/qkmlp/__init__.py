@@ -2,7 +2,8 @@
 
 Layers (all map (..., d_model) -> (..., d_out)):
 :class:`KeyValueMLP`, :class:`StaticQueryMLP`, :class:`BilinearAttentionMLP`,
-:class:`SymmetricBilinearMLP`, :class:`GatedMLP`, :class:`SymmetrizedGatedMLP`. Activations: :func:`get_activation`.
+:class:`SymmetricBilinearMLP`, :class:`GatedMLP`, :class:`SymmetrizedGatedMLP`.
+Activations: :func:`get_activation`.
 Symmetry transforms and theorems: :mod:`qkmlp.symmetry`.
 """
 from .activations import ACTIVATIONS, ALIASES, Activation, activation_names, get_activation
@@ -14,7 +15,7 @@ from .layers import (
     SymmetricBilinearMLP,
     SymmetrizedGatedMLP,
 )
-from . import costs, cpu_kernels, figures, symmetry, training
+from . import costs, figures, functional, symmetry, training
 
 __version__ = "0.1.0"
 
@@ -31,7 +32,7 @@ __all__ = [
     "GatedMLP",
     "SymmetrizedGatedMLP",
     "costs",
-    "cpu_kernels",
+    "functional",
     "figures",
     "symmetry",
     "training",

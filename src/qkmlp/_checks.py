@@ -1,9 +1,40 @@
 """Argument checks shared by the library's modules (clear errors naming what was expected)."""
 from __future__ import annotations
 
+import math
+import operator
+from numbers import Real
+
+
+def integer(value, name: str) -> int:
+    """``value`` as a Python int if it is an integer (int, numpy or 0-d torch integer; bool
+    excluded, as are floats such as 2.0), else TypeError naming ``name``."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+
 
 def positive_int(value, name: str) -> int:
-    """``value`` if it is an int >= 1 (bool excluded), else ValueError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """``value`` as an int if it is an integer >= 1 (as :func:`integer` accepts it), else
+    ValueError naming ``name``."""
+    try:
+        v = integer(value, name)
+    except TypeError:
+        v = None
+    if v is None or v < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
+    return v
+
+
+def tolerance(value, name: str) -> float:
+    """``value`` as a float if it is a finite real number >= 0 (bool and str excluded),
+    else ValueError (TypeError for a non-number) naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a real number >= 0, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return v

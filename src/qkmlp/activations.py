@@ -32,6 +32,13 @@ class Activation:
     def __call__(self, z: torch.Tensor) -> torch.Tensor:
         return self.fn(z)
 
+    def __reduce__(self):
+        # A registered activation copies (deepcopy, pickle, torch.save) to the registry's
+        # own object, so a copied layer keeps its fused path; others copy field by field.
+        if ACTIVATIONS.get(self.name) is self:
+            return (get_activation, (self.name,))
+        return (Activation, (self.name, self.fn, self.is_linear, self.homogeneity_degree, self.is_odd))
+
 
 def _relu2(z: torch.Tensor) -> torch.Tensor:
     return torch.square(F.relu(z))
@@ -87,7 +94,8 @@ def get_activation(
 
     A plain callable has unknown properties; the keyword arguments declare them (they
     default to the conservative "no symmetry": not linear, not homogeneous, not odd).
-    They are ignored for registry names and :class:`Activation` instances.
+    They are ignored for registry names and :class:`Activation` instances. A class (such
+    as ``nn.SiLU``) is rejected: pass an instance (``nn.SiLU()``) or a name (``"silu"``).
 
     >>> get_activation("relu").homogeneity_degree
     1
@@ -102,6 +110,11 @@ def get_activation(
                 f"unknown activation {activation!r}; expected one of "
                 f"{', '.join(ACTIVATIONS)} (aliases: {', '.join(ALIASES)}) or a callable"
             ) from None
+    if isinstance(activation, type):
+        raise TypeError(
+            f"activation must be a name or a callable instance, got the class {activation.__name__}; "
+            f"pass an instance ({activation.__name__}()) or a name ({', '.join(ACTIVATIONS)})"
+        )
     if callable(activation):
         name = getattr(activation, "__name__", None) or type(activation).__name__
         if homogeneity_degree is None and is_linear:

@@ -11,8 +11,7 @@ processes hits every candidate alike:
   the bare GEMMs x·Qᵀ, x·Kᵀ and h·V (the floor; for forward + backward, those and the
   GEMMs of backward: dh, dW_qk by halves, dx, dV), a Llama-style MLP of three ``nn.Linear``
   ``down(silu(gate(x)) * up(x))``, Liger-Kernel's SwiGLU when importable, and the rank-1
-  ``GatedMLP`` and ``SymmetricBilinearMLP`` (with ``--kernels`` also with the opt-in C++
-  kernels of :mod:`qkmlp.cpu_kernels`): forward, forward + backward, and the bytes
+  ``GatedMLP`` and ``SymmetricBilinearMLP``: forward, forward + backward, and the bytes
   saved for backward (measured with ``torch.autograd.graph.saved_tensors_hooks``).
   A second, independently initialised Llama-style MLP (``llama_mlp_copy``) runs as an
   A/A control: its ratio to the first shows how far two identical workloads drift apart
@@ -43,7 +42,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import cpu_kernels
 from .layers import BilinearAttentionMLP, GatedMLP, SymmetricBilinearMLP
 
 __all__ = [
@@ -234,37 +232,18 @@ def _fwd_bwd(module_fn, x, params, gy):
     return f
 
 
-class _WithKernels(torch.nn.Module):
-    """A layer whose forward runs with :mod:`qkmlp.cpu_kernels` on (backward follows forward)."""
-
-    def __init__(self, layer):
-        super().__init__()
-        self.layer = layer
-
-    def forward(self, x):
-        with cpu_kernels.use(True):
-            return self.layer(x)
-
-
-LAYERS = ("gated_mlp", "symmetric_mlp", "gated_mlp_kernels", "symmetric_mlp_kernels")
+LAYERS = ("gated_mlp", "symmetric_mlp")
 
 
 def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.float32, device="cpu",
-                   reps: int = 21, seed: int = 0, compile_backend: Optional[str] = None,
-                   kernels: bool = False) -> dict:
+                   reps: int = 21, seed: int = 0, compile_backend: Optional[str] = None) -> dict:
     """Floor, Llama-style MLP, (Liger), GatedMLP and SymmetricBilinearMLP at rank 1.
 
     With ``compile_backend`` (e.g. "inductor") every module candidate runs as
     ``torch.compile(module, fullgraph=True, backend=compile_backend)``, compiled before the
-    timing starts; the bare-GEMM floor stays eager. With ``kernels`` (CPU, eager) the same
-    two layers also run with the opt-in C++ kernels of :mod:`qkmlp.cpu_kernels`, as
-    ``gated_mlp_kernels`` and ``symmetric_mlp_kernels``.
+    timing starts; the bare-GEMM floor stays eager.
     """
     device = torch.device(device)
-    if kernels and (device.type != "cpu" or compile_backend):
-        raise ValueError("kernels=True needs device='cpu' and no compile_backend (the kernels are eager CPU code)")
-    if kernels and not cpu_kernels.available():
-        raise RuntimeError(f"qkmlp.cpu_kernels could not be built: {cpu_kernels.build_error()}")
     load_start = _loadavg()
     g = torch.Generator(device="cpu").manual_seed(seed)
     fk = {"device": device, "dtype": dtype}
@@ -276,8 +255,7 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
     x = torch.randn(n, d, generator=g).to(**fk)
     gy = torch.randn(n, d, generator=g).to(**fk)
     h = torch.randn(n, m, generator=g).to(**fk)
-    w_qk = gated._packed_weight().detach()
-    w_q, w_k = w_qk[:m], w_qk[m:]
+    w_q, w_k = gated.query_weight.detach(), gated.key_weight.detach()
     v = gated.value.detach()
 
     ga, gb = torch.randn(2, n, m, generator=g).to(**fk)
@@ -299,9 +277,6 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
             "llama_mlp_copy": (llama_copy, list(llama_copy.parameters())),
             "gated_mlp": (gated, list(gated.parameters())),
             "symmetric_mlp": (sym, list(sym.parameters()))}
-    if kernels:
-        mods["gated_mlp_kernels"] = (_WithKernels(gated), list(gated.parameters()))
-        mods["symmetric_mlp_kernels"] = (_WithKernels(sym), list(sym.parameters()))
     layers = [k for k in LAYERS if k in mods]
     fwd = {"floor_gemms": floor}
     liger = _liger_swiglu(llama) if device.type == "cuda" else None
@@ -367,8 +342,7 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
         verdicts[k]["saved_bytes_vs_llama"] = verdict(sb, sb, TARGETS["saved_bytes_vs_llama"])
     return {
         "config": {"d": d, "m": m, "n": n, "dtype": str(dtype).replace("torch.", ""), "device": str(device),
-                   "reps_fwd": reps, "reps_fwd_bwd": reps, "compile_backend": compile_backend,
-                   "kernels": kernels},
+                   "reps_fwd": reps, "reps_fwd_bwd": reps, "compile_backend": compile_backend},
         "forward": t_fwd, "forward_backward": t_fb, "saved_bytes": mem, "ratios": ratios,
         "ratios_of_minima": ratios_of_minima, "paired_ratios": paired, "verdicts": verdicts,
         "loadavg_start": load_start, "loadavg_end": _loadavg(),
@@ -493,10 +467,10 @@ def machine_info(device="cpu") -> dict:
 
 
 def run(suites=("headline", "rank", "size"), *, device="cpu", dtype=None, sizes: Optional[dict] = None,
-        reps: Optional[int] = None, compile_backend: Optional[str] = None, kernels: bool = False) -> dict:
+        reps: Optional[int] = None, compile_backend: Optional[str] = None) -> dict:
     """Run the chosen suites. CUDA defaults to the Llama-7B sizes in bfloat16.
 
-    ``compile_backend`` and ``kernels`` apply to the headline suite only (see
+    ``compile_backend`` applies to the headline suite only (see
     :func:`bench_headline`).
     """
     dev = torch.device(device)
@@ -510,8 +484,7 @@ def run(suites=("headline", "rank", "size"), *, device="cpu", dtype=None, sizes:
     if "headline" in suites:
         d, m, ns = (4096, 11008, (1, 128, 2048, 8192)) if cuda else (512, 1376, (2048,))
         res["suites"]["headline"] = [
-            bench_headline(sizes.get("d", d), sizes.get("m", m), n, compile_backend=compile_backend,
-                           kernels=kernels, **kw)
+            bench_headline(sizes.get("d", d), sizes.get("m", m), n, compile_backend=compile_backend, **kw)
             for n in sizes.get("ns", ns)]
     if "rank" in suites:
         res["suites"]["rank"] = bench_rank(sizes.get("rank_d", 512), sizes.get("rank_m", 344),
@@ -605,8 +578,6 @@ def main(argv=None) -> dict:
     p.add_argument("--reps", type=int, default=None, help="interleaved repetitions")
     p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                    help="headline suite: torch.compile every module (backend, default inductor)")
-    p.add_argument("--kernels", action="store_true",
-                   help="headline suite: also time the layers with the opt-in C++ kernels (qkmlp.cpu_kernels)")
     p.add_argument("--tiny", action="store_true", help="tiny sizes: checks the code runs, measures nothing useful")
     p.add_argument("--json", default=None, help="write the results with provenance to this JSON file")
     a = p.parse_args(argv)
@@ -622,7 +593,7 @@ def main(argv=None) -> dict:
         sizes["ns"] = tuple(a.n)
     dtype = getattr(torch, a.dtype) if a.dtype else None
     res = run(tuple(a.suite or ("headline", "rank", "size")), device=a.device, dtype=dtype, sizes=sizes,
-              reps=a.reps or (3 if a.tiny else None), compile_backend=a.compile, kernels=a.kernels)
+              reps=a.reps or (3 if a.tiny else None), compile_backend=a.compile)
     res["command"] = "python -m qkmlp.bench " + " ".join(sys.argv[1:] if argv is None else argv)
     print(format_report(res))
     if a.json:

@@ -1,4 +1,4 @@
-"""Small constructed and synthetic examples for the opening chapters (1–3) of the book.
+"""Small constructed and synthetic examples for the opening chapters (1–4) of the book.
 
 Everything here is deterministic (explicit seeds) and small enough to run in a fraction
 of a second on a CPU.
@@ -13,7 +13,15 @@ of a second on a CPU.
 - Bilinear attention (chapter 3): :func:`product_layer` (a two-slot layer that computes
   x₁x₂ exactly), :func:`symmetric_part`, :func:`antisymmetric_part`,
   :func:`matrix_of_quadratic_form` (recover S from the values x S xᵀ),
-  :func:`compare_on_product` (train a key-value and a bilinear MLP on x₁x₂).
+  :func:`compare_on_product` (train a key-value and a bilinear MLP on x₁x₂),
+  :func:`bilinear_from_key_value` (the key-value MLP as bilinear attention whose query
+  is the constant coordinate).
+- Training the same function class two ways (chapter 2): :func:`static_versus_key_value`.
+- Rank one (chapter 4): :class:`LiftedBilinearAttention` and
+  :func:`gated_as_bilinear_attention` (a gated MLP as bilinear attention on the token
+  followed by its query features), :func:`directional_derivative` (the n-th derivative
+  of x ↦ f(x + t u) at t = 0) and :func:`gradient_jump` (the jump of a Jacobian across a
+  hyperplane), the two measurements behind the chapter's "the classes differ".
 """
 from __future__ import annotations
 
@@ -27,7 +35,7 @@ from torch import nn
 from .activations import get_activation
 from . import lowrank
 from ._checks import positive_int
-from .layers import BilinearAttentionMLP, KeyValueMLP
+from .layers import BilinearAttentionMLP, GatedMLP, KeyValueMLP, StaticQueryMLP
 from .training import fit
 
 __all__ = [
@@ -46,6 +54,19 @@ __all__ = [
     "antisymmetric_part",
     "matrix_of_quadratic_form",
     "compare_on_product",
+    "PRODUCT_WIDTHS",
+    "PRODUCT_SEEDS",
+    "product_study",
+    "fit_stacked",
+    "bilinear_from_key_value",
+    "static_versus_key_value",
+    "STATIC_QUERY_SETTINGS",
+    "static_query_task",
+    "static_query_study",
+    "LiftedBilinearAttention",
+    "gated_as_bilinear_attention",
+    "directional_derivative",
+    "gradient_jump",
 ]
 
 
@@ -85,8 +106,9 @@ def key_value_from_mlp(fc1: nn.Linear, fc2: nn.Linear, activation="relu") -> Key
 
     - key j = [fc1.weight[j], fc1.bias[j]] (the first bias is the weight of the constant
       coordinate);
-    - one extra slot with key e_{d+1} fires with the constant coefficient σ(1) and has
-      value fc2.bias / σ(1) (the second bias is a memory that is always recalled).
+    - one extra slot, whose key is the last basis vector, fires with the constant
+      coefficient σ(1) and has value fc2.bias / σ(1) (the second bias is a memory that
+      is always recalled).
 
     Needs σ(1) ≠ 0 (true for relu, gelu, silu, tanh, sigmoid, softplus, ...).
     """
@@ -171,10 +193,10 @@ def fact_memory(task: FactTask, threshold: Union[float, None] = None) -> KeyValu
     """A ReLU key-value memory that stores each fact in one slot, built by hand.
 
     Input: ``with_bias_coordinate(e)`` for a word embedding e (width d + 1); output: a
-    vector in ℝᵈ, read out with :func:`decode`. Slot j has key [e_{a_j}, −θ] and value
-    e_{b_j} / (1 − θ), so for the subject a_j its coefficient is 1 − θ and the output is
-    exactly e_{b_j}; a word whose cosine with every subject is below θ fires no slot.
-    The default θ is halfway between the largest cosine of a subject with another word
+    vector in ℝᵈ, read out with :func:`decode`. Slot j has key [e_a, −τ] and value
+    e_b / (1 − τ) for its fact (a, b), so for the subject a its coefficient is 1 − τ and
+    the output is exactly e_b; a word whose cosine with every subject is below the
+    threshold τ fires no slot. The default τ is halfway between the largest cosine of a subject with another word
     and 1. Needs unit-norm embeddings and distinct subjects (the hypotheses of the
     recall theorem of chapter 1); raises ValueError otherwise.
     """
@@ -349,16 +371,335 @@ def compare_on_product(
         raise ValueError("seeds must hold at least one seed")
     x, y = product_data(n_train, d, seed=10_000)
     x_test, y_test = product_data(n_test, d, seed=10_001)
-    result: dict[str, list[float]] = {"key_value": [], "bilinear": []}
+    kvs, bis = [], []
     for seed in seeds:
         torch.manual_seed(seed)
-        kv = nn.Sequential(BiasCoordinate(), KeyValueMLP(d + 1, width, 1, activation="relu"))
+        kvs.append(nn.Sequential(BiasCoordinate(), KeyValueMLP(d + 1, width, 1, activation="relu")))
         torch.manual_seed(seed)
-        bi = BilinearAttentionMLP(d, width, 1, activation="silu")
-        fit(kv, x, y, steps=steps, lr=lr, seed=seed)
-        fit(bi, x, y, steps=steps, lr=lr, seed=seed)
-        result["key_value"].append(relative_mse(kv, x_test, y_test))
-        result["bilinear"].append(relative_mse(bi, x_test, y_test))
+        bis.append(BilinearAttentionMLP(d, width, 1, activation="silu"))
+    for models in (kvs, bis):        # the same as fit(model, x, y, ...) on each model
+        fit_stacked(models, x, y, steps=steps, lr=lr)
+    result: dict[str, list[float]] = {
+        "key_value": [relative_mse(kv, x_test, y_test) for kv in kvs],
+        "bilinear": [relative_mse(bi, x_test, y_test) for bi in bis],
+    }
+    kv, bi = kvs[0], bis[0]
     result["key_value_params"] = [sum(p.numel() for p in kv.parameters())]
     result["bilinear_params"] = [sum(p.numel() for p in bi.parameters())]
     return result
+
+
+def fit_stacked(models: Sequence[nn.Module], x: torch.Tensor, y: torch.Tensor, *,
+                steps: int = 500, lr: float = 1e-2) -> torch.Tensor:
+    """Train same-shaped ``models`` side by side; the same result as calling
+    ``qkmlp.training.fit(model, x, y, steps=steps, lr=lr)`` on each (full batch Adam,
+    mean squared error), in one vectorised loop (``torch.func.vmap``).
+
+    Adam acts entry by entry, so minimising the sum of the independent losses trains
+    every model exactly as alone. The trained weights are copied back into ``models``.
+    Returns the loss before every step, shape (len(models), steps). x: (N, d);
+    y: (N, d_out).
+    """
+    from torch.func import functional_call, stack_module_state, vmap
+
+    models = list(models)
+    if not models:
+        raise ValueError("models must hold at least one model")
+    positive_int(steps, "steps")
+    _check_float(x, "x")
+    _check_float(y, "y")
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x and y must have the same number of rows, got {x.shape[0]} and {y.shape[0]}")
+    params, buffers = stack_module_state(models)
+    names = list(params)
+    base = copy.deepcopy(models[0]).to("meta")
+
+    def loss_one(p, b):
+        out = functional_call(base, (p, b), (x,))
+        return ((out - y) ** 2).mean()
+
+    losses = vmap(loss_one)
+    leaves = [params[n].detach().clone().requires_grad_() for n in names]
+    opt = torch.optim.Adam(leaves, lr=lr)
+    history = torch.empty(len(models), steps, dtype=x.dtype)
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        value = losses(dict(zip(names, leaves)), buffers)
+        value.sum().backward()
+        opt.step()
+        history[:, step] = value.detach()
+    with torch.no_grad():
+        for i, model in enumerate(models):
+            for n, leaf in zip(names, leaves):
+                model.get_parameter(n).copy_(leaf[i])
+    return history
+
+
+@torch.no_grad()
+def bilinear_from_key_value(kv: KeyValueMLP) -> BilinearAttentionMLP:
+    """The key-value MLP as a bilinear attention MLP with rank-1 A_j = eᵀk_j.
+
+    e is the last standard basis vector: on an input x̃ whose last coordinate is 1 (the
+    bias coordinate, :func:`with_bias_coordinate`), x̃ A_j x̃ᵀ = (x̃·e)(x̃·k_j) = x̃·k_j, so
+    the returned layer equals ``kv`` there (same σ, same values). On other inputs the
+    two differ: every bilinear attention MLP is even, f(−x) = f(x).
+    Shapes: ``interaction`` (m, d, d) with d = kv.d_model, ``value`` = kv.value.
+    """
+    if not isinstance(kv, KeyValueMLP):
+        raise TypeError(f"kv must be a KeyValueMLP, got {type(kv).__name__}")
+    w = kv.key
+    out = BilinearAttentionMLP(kv.d_model, kv.d_hidden, kv.d_out, activation=kv.activation,
+                               device=w.device, dtype=w.dtype)
+    out.interaction.zero_()
+    out.interaction[:, -1, :] = kv.key          # row e of A_j is k_j: A_j = eᵀ k_j
+    out.value.copy_(kv.value)
+    return out
+
+
+def static_versus_key_value(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    width: int,
+    seeds: Sequence[int],
+    *,
+    activation="relu",
+    steps: int = 600,
+    lr: float = 1e-2,
+) -> dict[str, torch.Tensor]:
+    """Train key-value and static-query MLPs that start as the same function, per seed.
+
+    For each seed: ``torch.manual_seed(seed)`` and a ``KeyValueMLP(d, width, d_out)``;
+    its twin is the ``StaticQueryMLP`` with W_Q = I and the same keys and values, so
+    the two compute the same function at step 0. Both are trained full batch with Adam
+    on the mean squared error, exactly as :func:`qkmlp.training.fit` would train each
+    one alone; all seeds and both layers run in one batched loop (Adam acts entry by
+    entry, so summing the independent losses changes nothing). Returns the training
+    loss before every step, ``{"key_value": (S, steps), "static_query": (S, steps)}``
+    for S seeds. x: (N, d); y: (N, d_out).
+    """
+    positive_int(width, "width")
+    positive_int(steps, "steps")
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("seeds must hold at least one seed")
+    _check_float(x, "x")
+    _check_float(y, "y")
+    if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0]:
+        raise ValueError(f"x and y must have shapes (N, d) and (N, d_out), got "
+                         f"{tuple(x.shape)} and {tuple(y.shape)}")
+    act = get_activation(activation)
+    d, d_out = x.shape[1], y.shape[1]
+    keys, values = [], []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        kv = KeyValueMLP(d, width, d_out, activation=act, dtype=x.dtype)
+        keys.append(kv.key.detach())
+        values.append(kv.value.detach())
+    S = len(seeds)
+    K1, V1 = torch.stack(keys), torch.stack(values)         # (S, m, d), (S, m, d_out)
+    W = torch.eye(d, dtype=x.dtype).expand(S, d, d).clone()  # the query maps, W_Q = I
+    params = [t.clone().requires_grad_() for t in (K1, V1, W, K1, V1)]
+    K1, V1, W, K2, V2 = params
+    opt = torch.optim.Adam(params, lr=lr)
+    history = torch.empty(2, S, steps, dtype=x.dtype)
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        out1 = act(x @ K1.transpose(1, 2)) @ V1                 # σ(xKᵀ)V, (S, N, d_out)
+        out2 = act((x @ W) @ K2.transpose(1, 2)) @ V2           # σ(xW_QKᵀ)V
+        loss = torch.stack([((out - y) ** 2).mean(dim=(1, 2)) for out in (out1, out2)])
+        loss.sum().backward()
+        opt.step()
+        history[:, :, step] = loss.detach()
+    return {"key_value": history[0], "static_query": history[1]}
+
+
+#: Settings of chapter 2's comparison (also stored with its results).
+STATIC_QUERY_SETTINGS = {"d": 8, "teacher_width": 16, "teacher_seed": 100,
+                         "teacher_value_scale": 3.0, "d_out": 2, "n": 1024,
+                         "data_seed": 0, "width": 8, "activation": "relu",
+                         "lr": 1e-2}
+
+
+def static_query_task() -> tuple[torch.Tensor, torch.Tensor]:
+    """Chapter 2's regression task: x (1024, 8) ~ N(0, I), y (1024, 2) from a fixed
+    random ReLU key-value teacher of width 16 (seed 100, values scaled by 3)."""
+    c = STATIC_QUERY_SETTINGS
+    torch.manual_seed(c["teacher_seed"])
+    teacher = KeyValueMLP(c["d"], c["teacher_width"], c["d_out"])
+    with torch.no_grad():
+        teacher.value.mul_(c["teacher_value_scale"])
+    return teacher_data(teacher, c["n"], c["d"], seed=c["data_seed"])
+
+
+def static_query_study(seeds: Sequence[int] = range(20), steps: int = 3000,
+                       record: Sequence[int] = range(0, 3000, 25)) -> dict:
+    """Chapter 2's experiment: :func:`static_versus_key_value` on
+    :func:`static_query_task`; returns a JSON-ready dict with the settings, the final
+    losses per seed and the losses at the steps in ``record`` (plus the last)."""
+    x, y = static_query_task()
+    c = STATIC_QUERY_SETTINGS
+    res = static_versus_key_value(x, y, c["width"], seeds, activation=c["activation"],
+                                  steps=steps, lr=c["lr"])
+    marks = sorted({s for s in record if s < steps} | {steps - 1})
+    return {
+        "settings": {**c, "steps": steps, "seeds": list(seeds)},
+        "label_variance": float(y.var()),
+        "record_steps": marks,
+        "key_value": res["key_value"][:, marks].tolist(),
+        "static_query": res["static_query"][:, marks].tolist(),
+    }
+
+
+class LiftedBilinearAttention(nn.Module):
+    """A gated MLP written as bilinear attention on a lifted token.
+
+    ``lift(x)`` = z = [x, σ(x·q) for every query row q of every slot], of width d + m·r
+    (the token followed by its query features); ``bilinear`` is a
+    :class:`BilinearAttentionMLP` on z with the identity activation whose slot j pairs
+    each of its query features with the matching key row k: row d + j·r + s of A_j is
+    [key[j, s], 0], so z A_j zᵀ = Σ_s σ(x·query[j, s]) (x·key[j, s]).
+    ``forward(x)`` = bilinear(lift(x)).
+    Built by :func:`gated_as_bilinear_attention`. Shapes: (..., d) -> (..., d_out).
+    """
+
+    def __init__(self, query: torch.Tensor, activation, bilinear: BilinearAttentionMLP):
+        super().__init__()
+        self.register_buffer("query", query)      # (m·r, d)
+        self.activation = get_activation(activation)
+        self.bilinear = bilinear
+
+    def lift(self, x: torch.Tensor) -> torch.Tensor:
+        """z = [x, σ(x Q_flatᵀ)]: (..., d) -> (..., d + m·r)."""
+        _check_float(x)
+        if x.shape[-1] != self.query.shape[1]:
+            raise ValueError(f"expected input of shape (..., {self.query.shape[1]}), "
+                             f"got {tuple(x.shape)}")
+        return torch.cat([x, self.activation(x @ self.query.T)], dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bilinear(self.lift(x))
+
+
+@torch.no_grad()
+def gated_as_bilinear_attention(layer: GatedMLP) -> LiftedBilinearAttention:
+    """The gated MLP as bilinear attention (identity σ) on z = [x, σ(xQᵀ)].
+
+    Slot j's score is the bilinear form z A_j zᵀ = Σ_s a_s b_s between the nonlinear
+    query features a_s = σ(x·query[j, s]) and the linear keys b_s = x·key[j, s]; nothing is
+    applied to the score. The result equals ``layer`` on every input.
+    """
+    if not isinstance(layer, GatedMLP):
+        raise TypeError(f"layer must be a GatedMLP, got {type(layer).__name__}")
+    m, r, d = layer.d_hidden, layer.rank, layer.d_model
+    w = layer.value
+    width = d + m * r
+    bi = BilinearAttentionMLP(width, m, layer.d_out, activation="identity",
+                              device=w.device, dtype=w.dtype)
+    bi.interaction.zero_()
+    for j in range(m):
+        for s in range(r):
+            bi.interaction[j, d + j * r + s, :d] = layer.key[j, s]
+    bi.value.copy_(layer.value)
+    query = layer.query.detach().reshape(m * r, d).clone()
+    return LiftedBilinearAttention(query, layer.activation, bi)
+
+
+def directional_derivative(f, x: torch.Tensor, u: torch.Tensor, order: int = 1) -> torch.Tensor:
+    """dⁿ/dtⁿ f(x + t u) at t = 0, by n nested forward-mode derivatives (torch.func).
+
+    f maps (..., d) to (..., k); x and u have shape (..., d) (broadcast). Returns a
+    tensor of f(x)'s shape. Exact up to rounding for smooth f (use float64).
+    """
+    from torch.func import jacfwd
+
+    _check_float(x)
+    _check_float(u, "u")
+    positive_int(order, "order")
+    x, u = torch.broadcast_tensors(x, u)
+
+    def h(t):
+        return f(x + t * u)
+
+    for _ in range(order):
+        h = jacfwd(h)
+    return h(torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def gradient_jump(f, x0: torch.Tensor, normal: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
+    """The jump of f's Jacobian across the hyperplane through x0 with normal ``normal``.
+
+    J(x0 + ε n) − J(x0 − ε n) for a piecewise-smooth f whose pieces near x0 are separated
+    by that hyperplane; J is the Jacobian (k, d) of f: (d,) -> (k,) (a scalar f gives
+    (d,)). x0, normal: (d,). Accurate to O(ε) for piecewise-polynomial f.
+    """
+    from torch.func import jacrev
+
+    _check_float(x0, "x0")
+    _check_float(normal, "normal")
+    if x0.dim() != 1 or normal.shape != x0.shape:
+        raise ValueError(f"x0 and normal must be vectors of one shape (d,), got "
+                         f"{tuple(x0.shape)} and {tuple(normal.shape)}")
+    if not eps > 0:
+        raise ValueError(f"eps must be positive, got {eps!r}")
+    n = normal / normal.norm()
+    jac = jacrev(f)
+    return jac(x0 + eps * n) - jac(x0 - eps * n)
+
+
+#: Widths and seeds of chapter 3's product study.
+PRODUCT_WIDTHS = (1, 2, 4, 8, 32)
+PRODUCT_SEEDS = tuple(range(10))
+
+
+def product_study(widths: Sequence[int] = PRODUCT_WIDTHS,
+                  seeds: Sequence[int] = PRODUCT_SEEDS) -> dict:
+    """Chapter 3's experiment: :func:`compare_on_product` at every width and seed;
+    a JSON-ready dict ``{"widths", "seeds", "results": {width: compare_on_product(...)}}``."""
+    return {"widths": list(widths), "seeds": list(seeds),
+            "results": {str(w): compare_on_product(w, seeds=seeds) for w in widths}}
+
+
+def _main(argv=None) -> None:
+    """``python -m qkmlp.examples static-query --out FILE``: run chapter 2's study and
+    store it as JSON with its provenance."""
+    import argparse
+    import datetime
+    import json
+    import platform
+    import subprocess
+    import sys
+    import time
+
+    parser = argparse.ArgumentParser(prog="python -m qkmlp.examples")
+    parser.add_argument("study", choices=["static-query", "product"])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seeds", type=int, default=20, help="static-query only")
+    parser.add_argument("--steps", type=int, default=3000, help="static-query only")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    if args.study == "static-query":
+        data = static_query_study(range(args.seeds), args.steps)
+    else:
+        data = product_study()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    data["provenance"] = {
+        "command": "python -m qkmlp.examples " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "git_commit": commit,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    with open(args.out, "w") as fh:
+        json.dump(data, fh, indent=1)
+        fh.write("\n")
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,9 +1,10 @@
 """Fast paths of the factored layers: two GEMMs, a fused elementwise middle, lean memory.
 
-Both factored forms compute, for a batch x of shape (N, d)::
+Both factored forms compute, for a batch x of shape (N, d), query and key weights Q, K of
+shape (m·r, d) (row j·r + s is q_{j,s}, k_{j,s}: ``nn.Linear``'s layout) and values V
+of shape (m, d_out)::
 
-    a, b = x @ Qᵀ, x @ Kᵀ          W_qk = [Q; K] packed as (2·m·r, d); [a; b] is one
-                                   (2, N, mr) buffer, a and b viewed as (N, m, r)
+    a, b = x @ Qᵀ, x @ Kᵀ          [a; b] is one (2, N, mr) buffer, a and b viewed as (N, m, r)
     h = Σ_s σ(a_s) b_s             gated        (N, m)
     h = σ(Σ_s a_s b_s)             symmetric    (N, m)
     y = h @ V                      one GEMM, V is (m, d_out)
@@ -17,11 +18,25 @@ token against d + 2mr here.
 For float16 and bfloat16 the GEMMs run in the input dtype and the elementwise math in
 float32 (``compute_dtype``). The activation's derivative is PyTorch's own fused backward
 kernel (``silu_backward``, ``gelu_backward``, ...) for every registered activation
-(``FUSED_ACTIVATIONS``); a layer with any other callable uses the
-plain autograd path (:func:`gated_reference`, :func:`symmetric_reference`), which is also
-what the tests compare against. With :mod:`qkmlp.cpu_kernels` enabled, the rank-1
-elementwise middle on CPU runs as one fused C++ pass instead (forward and backward; the
-choice is made at forward time and recorded on ``ctx``).
+(``FUSED_ACTIVATIONS``); a layer with any other callable uses the plain autograd path
+(:func:`gated_reference`, :func:`symmetric_reference`, :func:`symmetrized_reference`).
+
+**When the fast path steps aside.** Its in-place and ``out=`` tricks, and a backward that
+is only a first derivative, are right in plain eager autograd only. :func:`gated` and
+:func:`symmetric` therefore evaluate the plain formula with ordinary autograd ops, which
+every torch API differentiates to every order, whenever (:func:`fast_path_applies`)
+
+- a ``torch.func`` transform is active (``grad``, ``vjp``, ``jacrev``, ``jacfwd``,
+  ``hessian``, ``vmap``, ``jvp``), in eager mode or inside ``torch.compile``, or
+- a forward-mode AD level is open (``torch.autograd.forward_ad.dual_level``, which
+  ``gradcheck(check_forward_ad=True)`` uses), or
+- an input is a tensor subclass or a batched tensor.
+
+A backward recorded by autograd (``create_graph=True``: double backward, gradient
+penalties) recomputes the plain formula and differentiates it; a backward over batched
+gradients (``autograd.grad(is_grads_batched=True)``, vectorised jacobians, ``vmap`` over
+a vjp) runs the same hand-written rule out of place. Under ``torch.compile`` the autograd
+functions are traced, out of place.
 """
 from __future__ import annotations
 
@@ -29,15 +44,16 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.autograd import forward_ad as _forward_ad
 
-from . import cpu_kernels
-from .activations import ACTIVATIONS, Activation
+from .activations import ACTIVATIONS, Activation, get_activation
 
 __all__ = [
     "FUSED_ACTIVATIONS",
     "compute_dtype",
     "activation_backward",
     "supports_fused",
+    "fast_path_applies",
     "gated",
     "symmetric",
     "gated_reference",
@@ -45,8 +61,6 @@ __all__ = [
     "symmetrized_reference",
     "GatedFn",
     "SymmetricFn",
-    "GatedJvpFn",
-    "SymmetricJvpFn",
 ]
 
 _aten = torch.ops.aten
@@ -75,8 +89,7 @@ def _relu2_backward_into(grad, z, s, out):
     return out.mul_(2.0 * F.relu(z))
 
 
-# The same, written into ``out`` (which may alias ``grad``): eager mode only, since
-# Dynamo does not trace ``out=`` into non-contiguous views.
+# The same, written into ``out`` (which may alias ``grad``): plain eager mode only.
 _BACKWARD_INTO: dict[str, Callable] = {
     "identity": lambda grad, z, s, out: out if out is grad else out.copy_(grad),
     "relu": lambda grad, z, s, out: _aten.threshold_backward.grad_input(grad, z, 0, grad_input=out),
@@ -95,8 +108,15 @@ FUSED_ACTIVATIONS: tuple[str, ...] = tuple(_BACKWARD)
 
 
 def supports_fused(activation: Activation) -> bool:
-    """Whether ``activation`` is a registered one (the same object), so its derivative is known."""
-    return ACTIVATIONS.get(activation.name) is activation and activation.name in _BACKWARD
+    """Whether ``activation`` is a registered one, so its derivative is known.
+
+    A registered activation, a copy of one (deepcopy and pickle return the registry's own
+    object), or an :class:`Activation` with a registered name wrapping the registered
+    function with the same declared properties."""
+    reg = ACTIVATIONS.get(activation.name)
+    if reg is None or activation.name not in _BACKWARD:
+        return False
+    return activation is reg or (activation.fn is reg.fn and activation == reg)
 
 
 def activation_backward(name: str, grad: torch.Tensor, z: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -115,27 +135,63 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
+# --- when the fast path may run --------------------------------------------------------
+
+_transforms_active = getattr(torch._C, "_are_functorch_transforms_active", None)
+_is_legacy_batched = getattr(getattr(torch._C, "_functorch", None), "is_legacy_batchedtensor", None)
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
+def _transform_free() -> bool:
+    """No torch.func transform active and no forward-mode AD level open (also while
+    torch.compile traces, which evaluates both). Private torch probes: if one is missing,
+    say no."""
+    if _transforms_active is None or _transforms_active():
+        return False
+    return getattr(_forward_ad, "_current_level", 0) < 0
+
+
+def _plain_mode() -> bool:
+    """Plain eager autograd: not compiling, no torch.func transform, no forward-AD level."""
+    return not torch.compiler.is_compiling() and _transform_free()
+
+
+def _plain_tensors(*ts: torch.Tensor) -> bool:
+    """Every tensor a plain dense tensor or parameter: no subclass, no legacy-batched tensor."""
+    if _is_legacy_batched is None:
+        return False
+    return all(type(t) in _PLAIN_TYPES and not _is_legacy_batched(t) for t in ts)
+
+
+def fast_path_applies(*tensors: torch.Tensor) -> bool:
+    """Whether the fused autograd functions may run on ``tensors`` now: plain eager mode
+    (no ``torch.func`` transform, no forward-AD level, not compiling) and plain tensors.
+    Where this is false, :func:`gated` and :func:`symmetric` evaluate the plain formula."""
+    return _plain_mode() and _plain_tensors(*tensors)
+
+
 def _out_ok(*ts) -> bool:
-    """Whether ``out=`` into views of a fresh buffer is allowed: eager, and nothing here is
-    recorded by autograd (grad mode off, as in a Function's forward, or no input needs it)."""
-    return _eager() and (not torch.is_grad_enabled() or not any(t.requires_grad for t in ts))
+    """Whether ``out=`` into views of a fresh buffer is allowed: plain eager mode and plain
+    tensors, and nothing here is recorded by autograd (grad mode off, as in a Function's
+    forward and backward, or no input needs a gradient)."""
+    return fast_path_applies(*ts) and (not torch.is_grad_enabled() or not any(t.requires_grad for t in ts))
 
 
-def _project(x: torch.Tensor, w_qk: torch.Tensor) -> torch.Tensor:
-    """[a; b] = (x·Qᵀ, x·Kᵀ) as one (2, N, mr) tensor, W_qk = [Q; K] of shape (2mr, d).
+# --- the two GEMMs and the elementwise middle -------------------------------------------
+
+def _project(x: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """[a; b] = (x·Qᵀ, x·Kᵀ) as one (2, N, mr) tensor; Q, K are (mr, d).
 
     Two GEMMs, each writing one contiguous half. On this CPU they beat one GEMM into an
     (N, 2mr) block, whose halves are row-strided for everything that follows (about 1 %
     of a forward + backward step at d = 512, m = 1376, N = 2048), and torch.matmul with a
     batch of two (bmm), which was 10 % slower there.
     """
-    mr = w_qk.shape[0] // 2
-    q, k = w_qk[:mr], w_qk[mr:]
-    if not _out_ok(x, w_qk):
-        return torch.stack([x @ q.T, x @ k.T])
-    ab = torch.empty(2, x.shape[0], mr, dtype=x.dtype, device=x.device)
-    torch.mm(x, q.T, out=ab[0])
-    torch.mm(x, k.T, out=ab[1])
+    if not _out_ok(x, query, key):
+        return torch.stack([x @ query.T, x @ key.T])
+    ab = torch.empty(2, x.shape[0], query.shape[0], dtype=x.dtype, device=x.device)
+    torch.mm(x, query.T, out=ab[0])
+    torch.mm(x, key.T, out=ab[1])
     return ab
 
 
@@ -172,15 +228,8 @@ def _act_into(name: str, z: torch.Tensor) -> torch.Tensor:
     return f(z) if f is not None else ACTIVATIONS[name](z)
 
 
-def _kernel(name: str, r: int, *ts: torch.Tensor) -> bool:
-    """Whether the opt-in C++ kernels (:mod:`qkmlp.cpu_kernels`) take this elementwise middle."""
-    return r == 1 and cpu_kernels.applies(name, *ts) and _eager()
-
-
 def _gated_hidden(name: str, ab: torch.Tensor, m: int, r: int, cdt, *, scratch: bool) -> torch.Tensor:
     """h = Σ_s σ(a_s) b_s, (N, m); overwrites ab when ``scratch`` (inference)."""
-    if _kernel(name, r, ab):
-        return cpu_kernels.gated_forward(ab[0], ab[1], name, out=ab[0] if scratch else None)
     a, b = _split(ab, m, r, cdt, upcast_b=False)
     own = scratch or ab.dtype != cdt   # may overwrite a: ab is scratch, or a is an upcast copy
     if own:
@@ -195,8 +244,6 @@ def _gated_hidden(name: str, ab: torch.Tensor, m: int, r: int, cdt, *, scratch: 
 
 def _symmetric_hidden(name: str, ab: torch.Tensor, m: int, r: int, cdt, *, scratch: bool) -> torch.Tensor:
     """h = σ(Σ_s a_s b_s), (N, m); overwrites ab when ``scratch`` (inference)."""
-    if _kernel(name, r, ab):
-        return cpu_kernels.symmetric_forward(ab[0], ab[1], name, out=ab[0] if scratch else None)
     a, b = _split(ab, m, r, cdt, upcast_b=False)
     if r == 1:
         p = a.mul_(b) if (scratch or ab.dtype != cdt) else a * b
@@ -206,50 +253,23 @@ def _symmetric_hidden(name: str, ab: torch.Tensor, m: int, r: int, cdt, *, scrat
     return _act_into(name, p)
 
 
-def _weight_grads(ctx, gab, x, w_qk, h, grad_y, value):
-    """The backward GEMMs: dV = hᵀ·dy, dW_qk = [daᵀ·x; dbᵀ·x], dx = da·Q + db·K.
+def _weight_grads(ctx, gab, x, query, key, h, grad_y, value, fast: bool):
+    """The backward GEMMs: dV = hᵀ·dy, dQ = daᵀ·x, dK = dbᵀ·x, dx = da·Q + db·K.
 
-    ``gab`` is d[a; b] of shape (2, N, mr); dx accumulates its second GEMM in place
-    (no separate sum of two (N, d) halves)."""
-    mr = gab.shape[-1]
-    grad_x = grad_w = grad_v = None
-    if ctx.needs_input_grad[0]:
-        grad_x = torch.mm(gab[0], w_qk[:mr])
-        # in place in eager mode; functorch has no batching rule for addmm_
-        grad_x = grad_x.addmm_(gab[1], w_qk[mr:]) if _eager() else torch.addmm(grad_x, gab[1], w_qk[mr:])
-    if ctx.needs_input_grad[1]:
-        if _out_ok(gab, x):
-            grad_w = torch.empty_like(w_qk)
-            torch.mm(gab[0].T, x, out=grad_w[:mr])
-            torch.mm(gab[1].T, x, out=grad_w[mr:])
-        else:
-            grad_w = torch.cat([gab[0].T @ x, gab[1].T @ x])
-    if ctx.needs_input_grad[2]:
+    ``gab`` is d[a; b] of shape (2, N, mr); with ``fast`` dx accumulates its second GEMM
+    in place (no separate sum of two (N, d) halves)."""
+    grad_x = grad_q = grad_k = grad_v = None
+    needs = ctx.needs_input_grad
+    if needs[0]:
+        grad_x = torch.mm(gab[0], query)
+        grad_x = grad_x.addmm_(gab[1], key) if fast else torch.addmm(grad_x, gab[1], key)
+    if needs[1]:
+        grad_q = gab[0].T @ x
+    if needs[2]:
+        grad_k = gab[1].T @ x
+    if needs[3]:
         grad_v = h.T @ grad_y
-    return grad_x, grad_w, grad_v
-
-
-def _tangent_ab(x, w_qk, dx, dw):
-    """d[a; b] (2, N, mr) from the tangents of x and W_qk (either may be None)."""
-    parts = []
-    if dx is not None:
-        parts.append(_project(dx, w_qk))
-    if dw is not None:
-        parts.append(_project(x, dw))
-    return sum(parts[1:], parts[0]) if parts else torch.zeros(2, x.shape[0], w_qk.shape[0] // 2, dtype=x.dtype, device=x.device)
-
-
-def _eager() -> bool:
-    """Plain eager autograd: not compiling, and no torch.func transform active."""
-    if torch.compiler.is_compiling():
-        return False
-    active = getattr(torch._C, "_are_functorch_transforms_active", None)   # private: be conservative
-    return active is not None and not active()
-
-
-def _records_backward() -> bool:
-    """Whether autograd is recording this backward (``create_graph=True``) in eager mode."""
-    return torch.is_grad_enabled() and _eager()
+    return grad_x, grad_q, grad_k, grad_v, None, None, None
 
 
 def _grad_buffer(n: int, m: int, r: int, like: torch.Tensor):
@@ -258,122 +278,108 @@ def _grad_buffer(n: int, m: int, r: int, like: torch.Tensor):
     return gab, gab[0].view(n, m, r), gab[1].view(n, m, r)
 
 
+_NO_GRADS = (None,) * 7   # backward's answer when y did not reach the loss
+
+
 def _plain_backward(ctx, reference, grad_y):
     """Backward by differentiating the plain formula again (recomputes the forward).
 
     Used when autograd records the backward itself (``create_graph=True``, double
-    backward): the gradients then depend on x, W_qk and V through ordinary autograd ops.
+    backward): the gradients then depend on x, Q, K and V through ordinary autograd ops.
     """
-    x, w_qk, value, _ = ctx.saved_tensors
+    x, query, key, value, _ = ctx.saved_tensors
+    inputs = (x, query, key, value)
     with torch.enable_grad():
-        y = reference(x, w_qk, value, ACTIVATIONS[ctx.name], ctx.m, ctx.r)
-        wanted = [t for t, need in zip((x, w_qk, value), ctx.needs_input_grad[:3]) if need]
+        y = reference(x, query, key, value, ACTIVATIONS[ctx.name], ctx.m, ctx.r)
+        wanted = [t for t, need in zip(inputs, ctx.needs_input_grad[:4]) if need]
         grads = iter(torch.autograd.grad(y, wanted, grad_y, create_graph=True, allow_unused=True))
-    return (*(next(grads) if need else None for need in ctx.needs_input_grad[:3]), None, None, None)
+    return (*(next(grads) if need else None for need in ctx.needs_input_grad[:4]), None, None, None)
 
 
-_NO_GRADS = (None,) * 6   # backward's answer when y did not reach the loss
-
-
-def _fused_forward(hidden, x, w_qk, value, name, m, r, scratch=False):
+def _fused_forward(hidden, x, query, key, value, name, m, r, scratch=False):
     """(y, [a; b]) with [a; b] (2, N, mr) from :func:`_project` and y = hidden([a; b])·V:
     both fused forwards.
 
     ``hidden`` is :func:`_gated_hidden` or :func:`_symmetric_hidden`; with ``scratch`` it
     may overwrite [a; b] (inference)."""
-    ab = _project(x, w_qk)
+    ab = _project(x, query, key)
     h = hidden(name, ab, m, r, compute_dtype(x.dtype), scratch=scratch)
     return h.to(x.dtype) @ value, ab
 
 
-def _backward_without_fusion(ctx, grad_y, reference):
-    """The backward answers that need no fused rule, else None: no gradients when y did not
-    reach the loss; the plain formula differentiated again under ``create_graph=True``."""
+def _backward(ctx, grad_y, reference, rule):
+    """The backward of a fused function: no gradients when y did not reach the loss; the
+    plain formula differentiated again when autograd records the backward
+    (``create_graph=True``); else ``rule(ctx, grad_y, *saved, fast)``, with ``fast`` true
+    when grad_y is a plain tensor in plain eager mode (then ``out=`` and in-place ops)."""
     if grad_y is None:
         return _NO_GRADS
-    if _records_backward():
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
         return _plain_backward(ctx, reference, grad_y)
-    return None
-
-
-def _kernel_backward(ctx, kernel, grad_y, x, w_qk, value, a, b):
-    """The rank-1 backward through a fused C++ kernel: dh = dy·Vᵀ into the b half of d[a; b],
-    then one pass writes d[a; b] and h. None when the kernels do not apply."""
-    if not (ctx.kernel and a.dtype == grad_y.dtype and _out_ok(grad_y, a, b)):
-        return None
-    n, m = x.shape[0], ctx.m
-    gab, grad_a, grad_b = _grad_buffer(n, m, 1, a)
-    torch.mm(grad_y, value.T, out=gab[1])                                # dh
-    h = torch.empty(n, m, dtype=a.dtype, device=a.device)
-    kernel(a, b, grad_b, grad_a, h, ctx.name)
-    return (*_weight_grads(ctx, gab, x, w_qk, h, grad_y, value), None, None, None)
-
-
-def _backward(ctx, grad_y, reference, kernel, rule):
-    """The backward of a fused function: the answers that need no fused rule, else the
-    C++ ``kernel`` where it was chosen at forward time, else ``rule`` in PyTorch ops,
-    called with ``(ctx, grad_y, *_unpack_saved(ctx))``."""
-    done = _backward_without_fusion(ctx, grad_y, reference)
-    if done is not None:
-        return done
-    saved = _unpack_saved(ctx)                  # x, w_qk, value, a, b, m, r, dt, cdt
-    done = _kernel_backward(ctx, kernel, grad_y, *saved[:5])
-    return done if done is not None else rule(ctx, grad_y, *saved)
+    return rule(ctx, grad_y, *_unpack_saved(ctx), fast_path_applies(grad_y))
 
 
 def _unpack_saved(ctx):
-    """The saved x, W_qk, V and the pre-activations a, b (N, m, r) in the compute dtype,
-    with m, r, the input dtype and the compute dtype: what every backward/jvp starts from."""
-    x, w_qk, value, ab = ctx.saved_tensors
+    """The saved x, Q, K, V and the pre-activations a, b (N, m, r) in the compute dtype,
+    with m, r, the input dtype and the compute dtype: what every backward starts from."""
+    x, query, key, value, ab = ctx.saved_tensors
     m, r, dt = ctx.m, ctx.r, x.dtype
     cdt = compute_dtype(dt)
     a, b = _split(ab, m, r, cdt)
-    return x, w_qk, value, a, b, m, r, dt, cdt
+    return x, query, key, value, a, b, m, r, dt, cdt
+
+
+def _refuse_transforms(fn_name: str) -> None:
+    if not torch.compiler.is_compiling() and (_transforms_active is None or _transforms_active()):
+        raise RuntimeError(
+            f"{fn_name} gives only first derivatives under torch.func transforms; call "
+            "qkmlp.functional.gated / symmetric (or the layer), which use the plain formula there"
+        )
 
 
 class _FusedBase(torch.autograd.Function):
     """Shared plumbing: forward returns (y, ab); ab is saved, not differentiable.
+    ``apply`` refuses to run under ``torch.func`` transforms (its backward is a first
+    derivative only); :func:`gated` and :func:`symmetric` step aside there."""
 
-    In the style that ``torch.func`` transforms need (``setup_context``), with an
-    automatic vmap rule; the ``*JvpFn`` subclasses add a forward-mode rule.
-    """
-
-    generate_vmap_rule = True
+    @classmethod
+    def apply(cls, *args, **kwargs):
+        _refuse_transforms(cls.__name__)
+        return super().apply(*args, **kwargs)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, w_qk, value, name, m, r = inputs
+        x, query, key, value, name, m, r = inputs
         _, ab = output
         ctx.mark_non_differentiable(ab)
         ctx.set_materialize_grads(False)   # no (N, 2mr) zero gradient for ab in backward
-        ctx.save_for_backward(x, w_qk, value, ab)
-        ctx.save_for_forward(x, w_qk, value, ab)
+        ctx.save_for_backward(x, query, key, value, ab)
         ctx.name, ctx.m, ctx.r = name, m, r
-        ctx.kernel = _kernel(name, r, x)   # decided at forward time: backward follows it
 
 
 class GatedFn(_FusedBase):
-    """y = (Σ_s σ(a_s) b_s) @ V with [a; b] = x @ W_qkᵀ. Saves x and [a; b] only.
+    """y = (Σ_s σ(a_s) b_s) @ V with [a; b] = (x Qᵀ, x Kᵀ). Saves x and [a; b] only.
 
-    Inputs: x (N, d), w_qk (2mr, d), value (m, d_out), all of one dtype; name of a
-    registered activation; m; r. Outputs (y (N, d_out), [a; b] (2, N, mr)); use
-    :func:`gated`, which returns y.
+    Inputs: x (N, d), query and key (m·r, d), value (m, d_out), all of one dtype; name of a
+    registered activation; m; r. Outputs (y (N, d_out), [a; b] (2, N, mr)). Call
+    :func:`gated`, which returns y and steps aside where this function would be wrong
+    (it refuses to run under ``torch.func`` transforms).
     """
 
     @staticmethod
-    def forward(x, w_qk, value, name: str, m: int, r: int):
-        return _fused_forward(_gated_hidden, x, w_qk, value, name, m, r)
+    def forward(x, query, key, value, name: str, m: int, r: int):
+        return _fused_forward(_gated_hidden, x, query, key, value, name, m, r)
 
     @staticmethod
     def backward(ctx, grad_y, _grad_ab):
-        return _backward(ctx, grad_y, gated_reference, cpu_kernels.gated_backward, _gated_backward)
+        return _backward(ctx, grad_y, gated_reference, _gated_backward)
 
 
-def _gated_backward(ctx, grad_y, x, w_qk, value, a, b, m, r, dt, cdt):
+def _gated_backward(ctx, grad_y, x, query, key, value, a, b, m, r, dt, cdt, fast):
     """GatedFn's backward in PyTorch ops (see :func:`_backward`)."""
     n = x.shape[0]
     s = ACTIVATIONS[ctx.name](a)                            # σ(a), recomputed
-    if r == 1 and dt == cdt and _out_ok(grad_y, a, b):
+    if fast and r == 1 and dt == cdt:
         # Rank 1, no upcast: dh = dy·Vᵀ goes straight into the b half of d[a; b]
         # and everything else happens in place, one fresh (2, N, m) buffer besides σ(a).
         gab, grad_a, grad_b = _grad_buffer(n, m, r, s)
@@ -381,41 +387,40 @@ def _gated_backward(ctx, grad_y, x, w_qk, value, a, b, m, r, dt, cdt):
         _BACKWARD_INTO[ctx.name](torch.mul(grad_b, b, out=grad_a), a, s, grad_a)
         grad_b.mul_(s)                                           # dh·σ(a)
         h = (s * b if ctx.name == "identity" else s.mul_(b)).squeeze(-1)
-        return (*_weight_grads(ctx, gab, x, w_qk, h, grad_y, value), None, None, None)
+        return _weight_grads(ctx, gab, x, query, key, h, grad_y, value, fast)
     grad_h = (grad_y @ value.T).to(cdt).unsqueeze(-1)      # (N, m, 1)
-    if not _out_ok(grad_h, a, b):
+    if not fast:
         grad_b = grad_h * s                                     # d/db of σ(a)·b
         grad_a = activation_backward(ctx.name, grad_h * b, a, s)  # d/da of σ(a)·b
         gab = torch.stack([grad_a.reshape(n, m * r), grad_b.reshape(n, m * r)])
+        h = _sum_rank(s * b).to(dt)                             # h, recomputed
     else:   # the same, written straight into the two halves of d[a; b]
         gab, grad_a, grad_b = _grad_buffer(n, m, r, s)
         torch.mul(grad_h, s, out=grad_b)
         _BACKWARD_INTO[ctx.name](torch.mul(grad_h, b, out=grad_a), a, s, grad_a)
-    h = _sum_rank(s * b if ctx.name == "identity" else s.mul_(b)).to(dt)   # h, recomputed
-    gab = gab.to(dt)
-    gx, gw, gv = _weight_grads(ctx, gab, x, w_qk, h, grad_y, value)
-    return gx, gw, gv, None, None, None
+        h = _sum_rank(s * b if ctx.name == "identity" else s.mul_(b)).to(dt)   # h, recomputed
+    return _weight_grads(ctx, gab.to(dt), x, query, key, h, grad_y, value, fast)
 
 
 class SymmetricFn(_FusedBase):
-    """y = σ(Σ_s a_s b_s) @ V with [a; b] = x @ W_qkᵀ. Saves x and [a; b] only.
+    """y = σ(Σ_s a_s b_s) @ V with [a; b] = (x Qᵀ, x Kᵀ). Saves x and [a; b] only.
 
-    Inputs and outputs as :class:`GatedFn`; use :func:`symmetric`, which returns y.
+    Inputs and outputs as :class:`GatedFn`; call :func:`symmetric`, which returns y.
     """
 
     @staticmethod
-    def forward(x, w_qk, value, name: str, m: int, r: int):
-        return _fused_forward(_symmetric_hidden, x, w_qk, value, name, m, r)
+    def forward(x, query, key, value, name: str, m: int, r: int):
+        return _fused_forward(_symmetric_hidden, x, query, key, value, name, m, r)
 
     @staticmethod
     def backward(ctx, grad_y, _grad_ab):
-        return _backward(ctx, grad_y, symmetric_reference, cpu_kernels.symmetric_backward, _symmetric_backward)
+        return _backward(ctx, grad_y, symmetric_reference, _symmetric_backward)
 
 
-def _symmetric_backward(ctx, grad_y, x, w_qk, value, a, b, m, r, dt, cdt):
+def _symmetric_backward(ctx, grad_y, x, query, key, value, a, b, m, r, dt, cdt, fast):
     """SymmetricFn's backward in PyTorch ops (see :func:`_backward`)."""
     n = x.shape[0]
-    if r == 1 and dt == cdt and _out_ok(grad_y, a, b):
+    if fast and r == 1 and dt == cdt:
         # Rank 1, no upcast: p = a·b goes into the a half of d[a; b] and dh = dy·Vᵀ
         # into the b half; dp = dh·σ'(p) in place over dh, then da = dp·b over p and
         # db = dp·a over dp. One fresh (2, N, m) buffer besides h = σ(p).
@@ -427,114 +432,110 @@ def _symmetric_backward(ctx, grad_y, x, w_qk, value, a, b, m, r, dt, cdt):
         _BACKWARD_INTO[ctx.name](grad_b, p, s, grad_b)         # dp
         torch.mul(grad_b, b, out=grad_a)
         grad_b.mul_(a)
-        h = s.squeeze(-1)
-        return (*_weight_grads(ctx, gab, x, w_qk, h, grad_y, value), None, None, None)
+        return _weight_grads(ctx, gab, x, query, key, s.squeeze(-1), grad_y, value, fast)
     p = _sum_rank(a * b)                                   # score, recomputed (N, m)
     s = ACTIVATIONS[ctx.name](p)                           # h = σ(p), recomputed
     grad_h = (grad_y @ value.T).to(cdt)
     grad_p = activation_backward(ctx.name, grad_h, p, s).unsqueeze(-1)
-    if not _out_ok(grad_p, a, b):
+    if not fast:
         gab = torch.stack([(grad_p * b).reshape(n, m * r), (grad_p * a).reshape(n, m * r)])
     else:   # the same, written straight into the two halves of d[a; b]
         gab, grad_a, grad_b = _grad_buffer(n, m, r, grad_p)
         torch.mul(grad_p, b, out=grad_a)
         torch.mul(grad_p, a, out=grad_b)
-    gab = gab.to(dt)
-    h = s.to(dt)
-    gx, gw, gv = _weight_grads(ctx, gab, x, w_qk, h, grad_y, value)
-    return gx, gw, gv, None, None, None
+    return _weight_grads(ctx, gab.to(dt), x, query, key, s.to(dt), grad_y, value, fast)
 
 
-class GatedJvpFn(GatedFn):
-    """:class:`GatedFn` with a forward-mode rule, for eager ``torch.func.jvp`` / ``forward_ad``.
+# --- the public functions ----------------------------------------------------------------
 
-    (Dynamo cannot trace an autograd.Function with a custom ``jvp``, so compiled code uses
-    :class:`GatedFn`.)
-    """
-
-    @staticmethod
-    def jvp(ctx, dx, dw, dv, *_):
-        x, w_qk, value, a, b, m, r, dt, cdt = _unpack_saved(ctx)
-        da, db = _split(_tangent_ab(x, w_qk, dx, dw), m, r, cdt)
-        s = ACTIVATIONS[ctx.name](a)
-        dh = _sum_rank(activation_backward(ctx.name, da, a, s) * b + s * db).to(dt)
-        dy = dh @ value
-        if dv is not None:
-            dy = dy + _sum_rank(s * b).to(dt) @ dv
-        return dy, None
-
-
-class SymmetricJvpFn(SymmetricFn):
-    """:class:`SymmetricFn` with a forward-mode rule (see :class:`GatedJvpFn`)."""
-
-    @staticmethod
-    def jvp(ctx, dx, dw, dv, *_):
-        x, w_qk, value, a, b, m, r, dt, cdt = _unpack_saved(ctx)
-        da, db = _split(_tangent_ab(x, w_qk, dx, dw), m, r, cdt)
-        p = _sum_rank(a * b)
-        s = ACTIVATIONS[ctx.name](p)
-        dy = activation_backward(ctx.name, _sum_rank(da * b + a * db), p, s).to(dt) @ value
-        if dv is not None:
-            dy = dy + s.to(dt) @ dv
-        return dy, None
-
-
-def _check_args(x, w_qk, value, m, r):
-    if x.dim() != 2 or w_qk.dim() != 2 or value.dim() != 2:
+def _check_args(x, query, key, value) -> tuple[int, int]:
+    """(m, r) from the shapes, after checking them; TypeError for mixed dtypes or devices."""
+    ts = {"x": x, "query": query, "key": key, "value": value}
+    for name, t in ts.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if x.dim() != 2 or query.dim() != 2 or key.dim() != 2 or value.dim() != 2:
         raise ValueError(
-            f"expected x (N, d), w_qk (2·m·r, d), value (m, d_out); got {tuple(x.shape)}, "
-            f"{tuple(w_qk.shape)}, {tuple(value.shape)}"
+            "expected x (N, d), query and key (m·r, d), value (m, d_out); got "
+            + ", ".join(f"{n} {tuple(t.shape)}" for n, t in ts.items())
         )
-    if w_qk.shape != (2 * m * r, x.shape[1]) or value.shape[0] != m:
+    m, mr, d = value.shape[0], query.shape[0], x.shape[1]
+    if m == 0 or mr % m or key.shape != query.shape or query.shape[1] != d:
         raise ValueError(
-            f"expected w_qk of shape (2·m·r, d)=({2 * m * r}, {x.shape[1]}) and value with "
-            f"m={m} rows; got {tuple(w_qk.shape)} and {tuple(value.shape)}"
+            f"expected query and key of one shape (m·r, d) with d = {d} and m = value.shape[0] = {m} "
+            f"dividing m·r; got query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
         )
+    if len({t.dtype for t in ts.values()}) != 1 or len({t.device for t in ts.values()}) != 1:
+        raise TypeError(
+            "x, query, key and value must share one dtype and device; got "
+            + ", ".join(f"{n} {t.dtype} on {t.device}" for n, t in ts.items())
+        )
+    return m, mr // m
+
+
+def _fused_name(activation) -> str:
+    """The registered name of ``activation`` (a name, alias or Activation); ValueError if none."""
+    act = get_activation(activation) if isinstance(activation, str) else activation
+    if not isinstance(act, Activation) or not supports_fused(act):
+        raise ValueError(
+            f"the fused functions take a registered activation ({', '.join(FUSED_ACTIVATIONS)}), "
+            f"got {activation!r}; use gated_reference / symmetric_reference for other callables"
+        )
+    return act.name
 
 
 def _needs_grad(*ts) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
 
 
-def _apply(fn, jvp_fn, hidden, x, w_qk, value, activation, m, r):
-    """y of a fused layer: through the autograd function ``fn`` (``jvp_fn`` in eager mode,
-    which adds forward-mode AD) when a gradient is wanted, else straight through."""
-    _check_args(x, w_qk, value, m, r)
-    compiling = torch.compiler.is_compiling()
-    if _needs_grad(x, w_qk, value):
-        return (fn if compiling else jvp_fn).apply(x, w_qk, value, activation, m, r)[0]
-    # in place on the GEMM's output in eager mode; out of place when compiling, where
-    # functionalising the in-place ops on views would write the whole buffer back
-    return _fused_forward(hidden, x, w_qk, value, activation, m, r, scratch=not compiling)[0]
+def _apply(fn, hidden, reference, x, query, key, value, activation):
+    """y of a fused layer: the autograd function ``fn`` when a gradient is wanted, straight
+    through the fused forward when not, and the plain formula ``reference`` where the fast
+    path does not apply (:func:`fast_path_applies`)."""
+    m, r = _check_args(x, query, key, value)
+    name = _fused_name(activation)
+    if not _transform_free():
+        return reference(x, query, key, value, ACTIVATIONS[name], m, r)
+    if torch.compiler.is_compiling():
+        # traced out of place: functionalising in-place ops on views would write whole buffers back
+        if _needs_grad(x, query, key, value):
+            return fn.apply(x, query, key, value, name, m, r)[0]
+        return _fused_forward(hidden, x, query, key, value, name, m, r)[0]
+    if not fast_path_applies(x, query, key, value):
+        return reference(x, query, key, value, ACTIVATIONS[name], m, r)
+    if _needs_grad(x, query, key, value):
+        return fn.apply(x, query, key, value, name, m, r)[0]
+    return _fused_forward(hidden, x, query, key, value, name, m, r, scratch=True)[0]
 
 
-def gated(x: torch.Tensor, w_qk: torch.Tensor, value: torch.Tensor, activation: str, m: int, r: int) -> torch.Tensor:
-    """Fused gated rank-r MLP on a 2-D batch: (N, d) -> (N, d_out). See :class:`GatedFn`."""
-    return _apply(GatedFn, GatedJvpFn, _gated_hidden, x, w_qk, value, activation, m, r)
+def gated(x: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, activation) -> torch.Tensor:
+    """Fused gated rank-r MLP on a 2-D batch: x (N, d), query and key (m·r, d), value
+    (m, d_out) -> (N, d_out); ``activation`` a registered name. See :class:`GatedFn`."""
+    return _apply(GatedFn, _gated_hidden, gated_reference, x, query, key, value, activation)
 
 
-def symmetric(x: torch.Tensor, w_qk: torch.Tensor, value: torch.Tensor, activation: str, m: int, r: int) -> torch.Tensor:
-    """Fused symmetric rank-r MLP on a 2-D batch: (N, d) -> (N, d_out). See :class:`SymmetricFn`."""
-    return _apply(SymmetricFn, SymmetricJvpFn, _symmetric_hidden, x, w_qk, value, activation, m, r)
+def symmetric(x: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, activation) -> torch.Tensor:
+    """Fused symmetric rank-r MLP on a 2-D batch, arguments as :func:`gated`. See :class:`SymmetricFn`."""
+    return _apply(SymmetricFn, _symmetric_hidden, symmetric_reference, x, query, key, value, activation)
 
 
-def gated_reference(x, w_qk, value, activation: Callable, m: int, r: int) -> torch.Tensor:
+def gated_reference(x, query, key, value, activation: Callable, m: int, r: int) -> torch.Tensor:
     """Plain-autograd gated path (any callable σ; elementwise math in float32 for halves)."""
     cdt = compute_dtype(x.dtype)
-    a, b = _split(_project(x, w_qk), m, r, cdt)
+    a, b = _split(_project(x, query, key), m, r, cdt)
     return _sum_rank(activation(a) * b).to(x.dtype) @ value
 
 
-def symmetric_reference(x, w_qk, value, activation: Callable, m: int, r: int) -> torch.Tensor:
+def symmetric_reference(x, query, key, value, activation: Callable, m: int, r: int) -> torch.Tensor:
     """Plain-autograd symmetric path (any callable σ; elementwise math in float32 for halves)."""
     cdt = compute_dtype(x.dtype)
-    a, b = _split(_project(x, w_qk), m, r, cdt)
+    a, b = _split(_project(x, query, key), m, r, cdt)
     return activation(_sum_rank(a * b)).to(x.dtype) @ value
 
 
-def symmetrized_reference(x, w_qk, value, activation: Callable, m: int, r: int) -> torch.Tensor:
+def symmetrized_reference(x, query, key, value, activation: Callable, m: int, r: int) -> torch.Tensor:
     """Plain-autograd symmetrised gated path: Σ_s ½[σ(a_s) b_s + σ(b_s) a_s] per slot
     (any callable σ; elementwise math in float32 for halves)."""
     cdt = compute_dtype(x.dtype)
-    a, b = _split(_project(x, w_qk), m, r, cdt)
+    a, b = _split(_project(x, query, key), m, r, cdt)
     return (0.5 * _sum_rank(activation(a) * b + activation(b) * a)).to(x.dtype) @ value

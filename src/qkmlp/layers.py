@@ -15,11 +15,28 @@ scale of a default ``nn.Linear`` stack:
   vectors;
 - ``value``: U(-1/√m, 1/√m), fan-in m of the down projection.
 
-The factored layers (:class:`SymmetricBilinearMLP`, :class:`GatedMLP`) pack ``query`` and
-``key`` into one parameter ``query_key`` of shape (2, m, r, d) and expose the two as
-writable views; their forward pass is the fused two-GEMM path of :mod:`qkmlp.functional`.
+The rank-r layers (:class:`SymmetricBilinearMLP`, :class:`GatedMLP`,
+:class:`SymmetrizedGatedMLP`) store query and key in ``nn.Linear``'s layout, as the
+parameters ``query_weight`` and ``key_weight`` (m·r, d), and expose ``query`` and ``key``
+(m, r, d) as writable views of them; ``value`` (m, d_out) is a parameter.
+Their forward pass is the fused two-GEMM path of :mod:`qkmlp.functional`.
 In float16 and bfloat16 every layer runs its matrix products in that dtype and σ (and
 the factored layers' products) in float32.
+
+Rules every layer follows:
+
+- **Input.** A floating-point tensor of shape (..., d_model) on the layer's device, in the
+  layer's dtype (outside ``torch.autocast``, which casts as usual); anything else raises
+  a ``TypeError`` or ``ValueError`` that names what was expected. Sizes are integers
+  (Python or NumPy) >= 1. The output is a tensor of its own, never a view.
+- **Views of the weights** (rank-r layers). ``layer.query`` and ``layer.key`` are views:
+  read them, write into them in place (``copy_``, ``nn.init.*_``, ``layer.query[0] = ...``)
+  or assign ``layer.query = t`` (copies t in). Everything that concerns the parameter
+  itself goes through ``query_weight`` and ``key_weight``: freezing the gate alone is
+  ``layer.query_weight.requires_grad_(False)`` (``layer.query.requires_grad_`` raises, a
+  view is not a leaf), and replacing storage is ``layer.query_weight = nn.Parameter(...)``
+  or ``layer.query_weight.data = ...`` (``layer.query.data = ...`` would only rebind the
+  temporary view: it changes nothing).
 """
 from __future__ import annotations
 
@@ -53,6 +70,11 @@ class _QKMLPBase(nn.Module):
         self.d_out = self.d_model if d_out is None else _positive_int(d_out, "d_out")
         self.activation: Activation = get_activation(activation)
 
+    def _layer_dtype_device(self):
+        """(dtype, device) of the weights (every layer keeps all weights on one of each)."""
+        w = self.value
+        return w.dtype, w.device
+
     def _check_input(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor of shape (..., {self.d_model}), got {type(x).__name__}")
@@ -63,6 +85,19 @@ class _QKMLPBase(nn.Module):
         if x.dim() == 0 or x.shape[-1] != self.d_model:
             raise ValueError(
                 f"expected input of shape (..., d_model={self.d_model}), got {tuple(x.shape)}"
+            )
+        dtype, device = self._layer_dtype_device()
+        if x.device != device:
+            raise ValueError(
+                f"input is on {x.device} but the layer's weights are on {device}; move one of them "
+                f"(x.to({str(device)!r}) or layer.to({str(x.device)!r}))"
+            )
+        if x.dtype != dtype and not (
+            torch.amp.is_autocast_available(x.device.type) and torch.is_autocast_enabled(x.device.type)
+        ):
+            raise TypeError(
+                f"input dtype {x.dtype} does not match the layer's dtype {dtype}; convert the input "
+                f"(x.to({dtype})) or the layer (layer.to({x.dtype}))"
             )
 
     def extra_repr(self) -> str:
@@ -191,16 +226,21 @@ class BilinearAttentionMLP(_QKMLPBase):
 class _RankRBase(_QKMLPBase):
     """Rank-r factored forms: ``query`` and ``key`` (m, r, d), ``value`` (m, d_out).
 
-    Query and key live in one packed parameter ``query_key`` of shape (2, m, r, d), so
-    that both projections are a single GEMM x @ [Q; K]ᵀ; ``query`` and ``key`` are
-    writable views of it (``query_key[0]`` and ``query_key[1]``), and
-    ``named_parameters()`` shows ``query_key`` and ``value``. A state dict with separate
-    ``query`` and ``key`` entries (the unpacked layout) still loads.
+    Storage: ``query_weight`` and ``key_weight`` (m·r, d) in ``nn.Linear``'s layout, row
+    j·r + s holding q_{j,s} and k_{j,s} (at rank 1 exactly a Llama MLP's
+    ``gate_proj.weight`` and ``up_proj.weight``), and ``value`` (m, d_out) = V. ``query``
+    and ``key`` are (m, r, d) views of the first two. Generic initialisers
+    (``for p in model.parameters(): nn.init.xavier_uniform_(p)``, ``normal_``,
+    ``trunc_normal_``, ``orthogonal_``) then give a rank-1 layer the output scale they give
+    a Llama MLP of the same size; an initialiser that reads fan-in from the shape
+    (``kaiming_*`` with ``mode="fan_in"``) sees fan-in d_out for ``value`` where
+    ``down_proj.weight`` (d_out, m) has m, so pass ``mode="fan_out"`` for ``value``.
 
     The forward pass uses the fused autograd functions of :mod:`qkmlp.functional` (two
     GEMMs, elementwise math in float32 for float16/bfloat16, only x and the
     pre-activations saved for backward) when the activation is a registered one and
-    ``self.fused`` is true; otherwise the same formula in plain autograd.
+    ``self.fused`` is true; otherwise, and wherever the fused path steps aside (``torch.func``
+    transforms, forward-mode AD, tensor subclasses), the same formula in plain autograd.
     """
 
     _fused_fn = None        # set by subclasses: the qkmlp.functional fused function
@@ -211,42 +251,91 @@ class _RankRBase(_QKMLPBase):
         self.rank = _positive_int(rank, "rank")
         self.fused = True
         fk = {"device": device, "dtype": dtype}
-        self.query_key = nn.Parameter(torch.empty(2, self.d_hidden, rank, self.d_model, **fk))
+        mr = self.d_hidden * self.rank
+        self.query_weight = nn.Parameter(torch.empty(mr, self.d_model, **fk))
+        self.key_weight = nn.Parameter(torch.empty(mr, self.d_model, **fk))
         self.value = self._new_value(fk)
         self.reset_parameters()
 
+    _VIEWS = ("query", "key")
+
     @property
     def query(self) -> torch.Tensor:
-        """q_{j,s} as ``query[j, s]``: (m, r, d), a writable view of ``query_key[0]``."""
-        return self.query_key[0]
+        """q_{j,s} as ``query[j, s]``: (m, r, d), a writable view of ``query_weight``."""
+        return self.query_weight.view(self.d_hidden, self.rank, self.d_model)
 
     @property
     def key(self) -> torch.Tensor:
-        """k_{j,s} as ``key[j, s]``: (m, r, d), a writable view of ``query_key[1]``."""
-        return self.query_key[1]
+        """k_{j,s} as ``key[j, s]``: (m, r, d), a writable view of ``key_weight``."""
+        return self.key_weight.view(self.d_hidden, self.rank, self.d_model)
+
+    def __setattr__(self, name, value):
+        if name in self._VIEWS and "_parameters" in self.__dict__:
+            self._assign_view(name, value)
+        else:
+            super().__setattr__(name, value)
+
+    @torch.no_grad()
+    def _assign_view(self, name: str, t) -> None:
+        """``layer.query = t`` copies t's values into the parameter behind the view."""
+        target = getattr(self, name)
+        if isinstance(t, nn.Parameter):
+            raise TypeError(
+                f"layer.{name} is a view of the parameter {name}_weight; assign "
+                f"layer.{name} = tensor to copy values in, or replace the parameter itself "
+                f"(layer.{name}_weight = nn.Parameter(...), shape {tuple(getattr(self, name + '_weight').shape)})"
+            )
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"layer.{name} takes a tensor of shape {tuple(target.shape)}, got {type(t).__name__}")
+        if t.shape != target.shape:
+            raise ValueError(f"layer.{name} has shape {tuple(target.shape)}, got a tensor of shape {tuple(t.shape)}")
+        if (t.dtype, t.device) != (target.dtype, target.device):
+            raise TypeError(f"layer.{name} is {target.dtype} on {target.device}, got {t.dtype} on {t.device}; "
+                            f"convert first (nothing is cast silently)")
+        target.copy_(t)
 
     def reset_parameters(self) -> None:
         bound = 1.0 / math.sqrt(self.d_model)
-        nn.init.uniform_(self.query, -bound, bound)
-        nn.init.uniform_(self.key, -bound, bound)
+        nn.init.uniform_(self.query_weight, -bound, bound)
+        nn.init.uniform_(self.key_weight, -bound, bound)
         self._init_value()
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # Accept the unpacked layout {query, key} by packing it into query_key.
-        q, k = prefix + "query", prefix + "key"
-        if q in state_dict and k in state_dict and prefix + "query_key" not in state_dict:
-            state_dict[prefix + "query_key"] = torch.stack([state_dict.pop(q), state_dict.pop(k)])
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        # Earlier layouts: query_key (2, m, r, d); query and key (m, r, d).
+        m, r, d = self.d_hidden, self.rank, self.d_model
+        old = {n: prefix + n for n in ("query_key", "query", "key")}
+        new = {n: prefix + n + "_weight" for n in ("query", "key")}
 
-    def _packed_weight(self) -> torch.Tensor:
-        """[Q; K] as one (2·m·r, d) matrix (a view, no copy)."""
-        return self.query_key.reshape(2 * self.d_hidden * self.rank, self.d_model)
+        n_errors = len(error_msgs)
+
+        def take(name, shape):
+            t = state_dict.pop(old[name])
+            if tuple(t.shape) != shape:
+                error_msgs.append(f"size mismatch for {old[name]}: expected shape {shape} (the earlier "
+                                  f"layout of this layer), got {tuple(t.shape)}")
+                return None
+            return t
+
+        if old["query_key"] in state_dict and new["query"] not in state_dict:
+            qk = take("query_key", (2, m, r, d))
+            if qk is not None:
+                state_dict[new["query"]], state_dict[new["key"]] = qk[0].reshape(m * r, d), qk[1].reshape(m * r, d)
+        for n in ("query", "key"):
+            if old[n] in state_dict and new[n] not in state_dict:
+                t = take(n, (m, r, d))
+                if t is not None:
+                    state_dict[new[n]] = t.reshape(m * r, d)
+        if len(error_msgs) > n_errors:
+            return          # a malformed earlier layout: load nothing into this layer
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
 
     def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Query and key projections x·q_{j,s}, x·k_{j,s}: (..., d) -> two (..., m, r)."""
         self._check_input(x)
         mr = self.d_hidden * self.rank
-        ab = x @ self._packed_weight().T
+        ab = x @ torch.cat([self.query_weight, self.key_weight]).T     # one GEMM for both
         shape = (*x.shape[:-1], self.d_hidden, self.rank)
         return ab[..., :mr].reshape(shape), ab[..., mr:].reshape(shape)
 
@@ -259,17 +348,24 @@ class _RankRBase(_QKMLPBase):
         self._check_input(x)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.d_model)
-        w, v = self._packed_weight(), self.value
+        q, k, v = self.query_weight, self.key_weight, self.value
         dev = x.device.type
         if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
             # Autocast: GEMMs in the autocast dtype, elementwise math still in float32.
             dt = torch.get_autocast_dtype(dev)
-            x2, w, v = x2.to(dt), w.to(dt), v.to(dt)
+            x2, q, k, v = x2.to(dt), q.to(dt), k.to(dt), v.to(dt)
         if self.fused and type(self)._fused_fn is not None and _fn.supports_fused(self.activation):
-            y = type(self)._fused_fn(x2, w, v, self.activation.name, self.d_hidden, self.rank)
+            y = type(self)._fused_fn(x2, q, k, v, self.activation.name)
         else:
-            y = type(self)._reference_fn(x2, w, v, self.activation, self.d_hidden, self.rank)
-        return y.reshape(*lead, self.d_out)
+            y = type(self)._reference_fn(x2, q, k, v, self.activation, self.d_hidden, self.rank)
+        return _fresh_reshape(y, (*lead, self.d_out))
+
+
+def _fresh_reshape(y: torch.Tensor, shape) -> torch.Tensor:
+    """y reshaped to ``shape`` as a tensor of its own, not a view (as ``nn.Linear`` returns):
+    an in-place op on the output (``y += x``) then needs no view bookkeeping, which FSDP2's
+    hooks cannot follow. ``aten._unsafe_view`` is what ``torch.matmul`` itself returns."""
+    return y if y.shape == shape else torch.ops.aten._unsafe_view(y, shape)
 
 
 class SymmetricBilinearMLP(_RankRBase):
@@ -278,9 +374,9 @@ class SymmetricBilinearMLP(_RankRBase):
     σ sits outside the rank sum, so the layer equals :class:`BilinearAttentionMLP` with
     A_j = Σ_s q_{j,s}ᵀ k_{j,s} (``to_dense()``). Rank 1: σ((xQᵀ) ⊙ (xKᵀ))V.
 
-    Weights: ``query`` and ``key`` (m, r, d) are writable views of one packed parameter
-    ``query_key`` (2, m, r, d), which is what ``named_parameters()`` shows (with
-    ``value``); the forward pass is two GEMMs (:mod:`qkmlp.functional`).
+    Weights: ``query`` and ``key`` (m, r, d) are writable views of the parameters
+    ``query_weight`` and ``key_weight`` (m·r, d); ``value`` (m, d_out) is a parameter. The
+    forward pass is two GEMMs (:mod:`qkmlp.functional`).
     """
 
     def __init__(self, d_model, d_hidden, d_out=None, *, rank=1, activation="silu", device=None, dtype=None):
@@ -307,9 +403,10 @@ class GatedMLP(_RankRBase):
     Rank 1 is (σ(xQᵀ) ⊙ (xKᵀ))V: query = gate, key = up, value = downᵀ, so
     SwiGLU (silu), GEGLU (gelu), ReGLU (relu) and bilinear (identity) are all this layer.
 
-    Weights: ``query`` and ``key`` (m, r, d) are writable views of one packed parameter
-    ``query_key`` (2, m, r, d), which is what ``named_parameters()`` shows (with
-    ``value``); the forward pass is two GEMMs (:mod:`qkmlp.functional`).
+    Weights: ``query`` and ``key`` (m, r, d) are writable views of the parameters
+    ``query_weight`` and ``key_weight`` (m·r, d), which at rank 1 are exactly a Llama
+    MLP's ``gate_proj.weight`` and ``up_proj.weight``; ``value`` (m, d_out) is
+    ``down_proj.weight``ᵀ. The forward pass is two GEMMs (:mod:`qkmlp.functional`).
     """
 
     def __init__(self, d_model, d_hidden, d_out=None, *, rank=1, activation="silu", device=None, dtype=None):
@@ -324,15 +421,28 @@ class GatedMLP(_RankRBase):
         """Load a Llama-style MLP ``down(σ(gate(x)) * up(x))`` as a rank-1 GatedMLP.
 
         gate_proj.weight (m, d) -> query[:, 0], up_proj.weight (m, d) -> key[:, 0],
-        down_proj.weight (d_out, m) -> value = downᵀ. Biases are not supported.
+        down_proj.weight (d_out, m) -> value = downᵀ (``query_weight`` and ``key_weight``
+        get the first two as they are).
+        The weights are copied. Biases are not supported; the three must share one dtype and
+        device (TypeError otherwise; nothing is cast). On the meta device the layer is
+        built on meta too, with no values to copy.
         """
-        for name, lin in (("gate_proj", gate_proj), ("up_proj", up_proj), ("down_proj", down_proj)):
+        lins = (("gate_proj", gate_proj), ("up_proj", up_proj), ("down_proj", down_proj))
+        for name, lin in lins:
             if not isinstance(lin, nn.Linear):
                 raise TypeError(f"{name} must be an nn.Linear, got {type(lin).__name__}")
             if lin.bias is not None:
                 raise ValueError(
                     f"{name} has a bias; GatedMLP has none (append a constant coordinate to x instead)"
                 )
+        kinds = {(lin.weight.dtype, lin.weight.device) for _, lin in lins}
+        if len(kinds) != 1:
+            raise TypeError(
+                "gate_proj, up_proj and down_proj must share one dtype and device (nothing is cast); got "
+                + ", ".join(f"{name} {lin.weight.dtype} on {lin.weight.device}" for name, lin in lins)
+            )
+        if not gate_proj.weight.is_floating_point():
+            raise TypeError(f"the weights must be floating point, got {gate_proj.weight.dtype}")
         m, d = gate_proj.weight.shape
         if up_proj.weight.shape != (m, d):
             raise ValueError(f"up_proj.weight must have gate_proj's shape {(m, d)}, got {tuple(up_proj.weight.shape)}")

@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from ._checks import positive_int
+from ._checks import integer, positive_int, tolerance
 from .layers import BilinearAttentionMLP, SymmetricBilinearMLP
 
 __all__ = [
@@ -59,9 +59,17 @@ def _check_square(A, name: str = "A") -> torch.Tensor:
 
 
 def _check_rank(rank, d: int) -> int:
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= d:
+    try:
+        r = integer(rank, "rank")
+    except TypeError:
+        r = None
+    if r is None or not 1 <= r <= d:
         raise ValueError(f"rank must be an integer in [1, d={d}], got {rank!r}")
-    return rank
+    return r
+
+
+def _check_seed(seed) -> int:
+    return integer(seed, "seed")
 
 
 def _check_factors(query, key) -> None:
@@ -77,15 +85,24 @@ def _check_factors(query, key) -> None:
 def symmetric_part(A: torch.Tensor) -> torch.Tensor:
     """S = (A + Aᵀ)/2: (..., d, d) -> (..., d, d). x A xᵀ = x S xᵀ for every x."""
     _check_square(A)
-    return (A + A.transpose(-1, -2)) / 2
+    A64 = A.to(torch.float64)
+    return ((A64 + A64.transpose(-1, -2)) / 2).to(A.dtype)
 
 
 def with_spectrum(eigenvalues, seed: int = 0) -> torch.Tensor:
     """A symmetric (d, d) float64 matrix U diag(eigenvalues) Uᵀ, U a random orthonormal
     basis (QR of a standard-normal matrix drawn with ``seed``)."""
-    lam = torch.as_tensor(eigenvalues, dtype=torch.float64)
+    seed = _check_seed(seed)
+    if isinstance(eigenvalues, torch.Tensor) and (eigenvalues.is_complex() or eigenvalues.dtype == torch.bool):
+        raise TypeError(f"eigenvalues must be real numbers, got dtype {eigenvalues.dtype}")
+    try:
+        lam = torch.as_tensor(eigenvalues, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"eigenvalues must be a 1-D list of real numbers, got {eigenvalues!r}") from None
     if lam.dim() != 1 or lam.numel() == 0:
         raise ValueError(f"expected a non-empty 1-D list of eigenvalues, got shape {tuple(lam.shape)}")
+    if not torch.isfinite(lam).all():
+        raise ValueError(f"eigenvalues must be finite, got {lam.tolist()}")
     d = lam.numel()
     U, _ = torch.linalg.qr(torch.randn(d, d, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)))
     return U @ torch.diag(lam) @ U.T
@@ -112,8 +129,9 @@ def inertia(A: torch.Tensor, *, tol: Optional[float] = None) -> tuple[int, int, 
     _check_square(A)
     if A.dim() != 2:
         raise ValueError(f"inertia takes one (d, d) matrix, got shape {tuple(A.shape)}")
+    t = None if tol is None else torch.tensor(tolerance(tol, "tol"), dtype=torch.float64)
     lam, _ = _eigh(A)
-    t = _default_tol(lam) if tol is None else torch.tensor(float(tol), dtype=torch.float64)
+    t = _default_tol(lam) if t is None else t
     pos = int((lam > t).sum())
     neg = int((lam < -t).sum())
     return pos, neg, lam.numel() - pos - neg
@@ -140,15 +158,16 @@ def rank_one_eigenvalues(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"q and k must be floating-point tensors, got {q.dtype} and {k.dtype}")
     if q.shape != k.shape or q.dim() < 1:
         raise ValueError(f"q and k must have the same shape (..., d), got {tuple(q.shape)} and {tuple(k.shape)}")
-    dot = (q * k).sum(-1)
-    norms = torch.linalg.vector_norm(q, dim=-1) * torch.linalg.vector_norm(k, dim=-1)
-    return torch.stack([(dot + norms) / 2, (dot - norms) / 2], dim=-1)
+    q64, k64 = q.to(torch.float64), k.to(torch.float64)
+    dot = (q64 * k64).sum(-1)
+    norms = torch.linalg.vector_norm(q64, dim=-1) * torch.linalg.vector_norm(k64, dim=-1)
+    return torch.stack([(dot + norms) / 2, (dot - norms) / 2], dim=-1).to(q.dtype)
 
 
 def factors_to_matrix(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     """B = Σ_s q_sᵀ k_s = Qᵀ K: two (..., r, d) -> (..., d, d)."""
     _check_factors(query, key)
-    return query.transpose(-1, -2) @ key
+    return (query.to(torch.float64).transpose(-1, -2) @ key.to(torch.float64)).to(query.dtype)
 
 
 def identity_factors(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -205,10 +224,11 @@ def balanced_factors(A: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Te
 def symmetric_error(A: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     """‖sym(A) − sym(Σ_s q_sᵀk_s)‖_F: the error the bilinear score sees. Returns shape (...)."""
     _check_square(A)
-    B = factors_to_matrix(query, key)
+    _check_factors(query, key)
+    B = query.to(torch.float64).transpose(-1, -2) @ key.to(torch.float64)
     if B.shape != A.shape:
         raise ValueError(f"factors give matrices of shape {tuple(B.shape)}, A has shape {tuple(A.shape)}")
-    D = symmetric_part(A.to(torch.float64)) - symmetric_part(B.to(torch.float64))
+    D = symmetric_part(A.to(torch.float64)) - symmetric_part(B)
     return torch.linalg.matrix_norm(D).to(A.dtype)
 
 
@@ -250,6 +270,7 @@ def fit_factors(
     d = A.shape[-1]
     r = _check_rank(rank, d)
     positive_int(steps, "steps")
+    seed = _check_seed(seed)
     S = symmetric_part(A.detach().to(torch.float64))
     gen = torch.Generator().manual_seed(seed)
     scale = (S.square().mean() + 1e-30).sqrt().item() ** 0.5

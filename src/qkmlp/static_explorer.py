@@ -5,13 +5,16 @@ the numbers :meth:`qkmlp.widgets.SymmetryExplorer.numbers` reports and the two s
 plots it draws; :func:`static_explorer_html` wraps them in one ``<div>`` with plain inline
 JavaScript that moves the points of an inline SVG when the reader moves the α slider or
 switches activation, form or rank. Show it with ``IPython.display.HTML(static_explorer_html())``.
+The fragment is responsive: the two scatter plots are separate SVGs, 250 CSS px wide at
+their natural size, side by side in a wide column and stacked (or shrunk) on a phone.
 
 DOM contract (browser tests rely on these class names), all inside
 ``<div class="qkmlp-static-explorer" id="...">``: ``input[type=range].qkmlp-alpha``
 (its value is an index into the α grid), ``select.qkmlp-activation``, ``select.qkmlp-form``,
-``select.qkmlp-rank``, text elements ``.qkmlp-alpha-value``, ``.qkmlp-scale-change``,
+``.qkmlp-rank`` (a ``select`` when there are several ranks, else a hidden input holding
+the one rank), text elements ``.qkmlp-alpha-value``, ``.qkmlp-scale-change``,
 ``.qkmlp-swap-change`` (plus ``.qkmlp-scale-predicted``, ``.qkmlp-swap-predicted``), and the
-inline SVG plot under ``.qkmlp-plot``. Each explorer has its own id, and its script only
+two inline SVG panels under ``.qkmlp-plot``. Each explorer has its own id, and its script only
 touches elements inside its own container, so several can share a page.
 """
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Optional, Sequence
 
 from .activations import activation_names, get_activation
 from .widgets import (
+    D_HIDDEN,
     D_MODEL,
     FORMS,
     _check_form,
@@ -109,14 +113,20 @@ def _compute(alphas, names, forms, ranks, seed) -> dict:
 
 
 _CSS = """
-#{uid} {{ border: 1px solid #ccc; border-radius: 6px; padding: 0.6em 0.8em; margin: 1em 0; font-size: 0.9em; }}
+#{uid} {{ box-sizing: border-box; max-width: 100%; border: 1px solid #ccc; border-radius: 6px;
+  padding: 0.6em 0.7em; margin: 1em 0; font-size: 0.9em; }}
 #{uid} .qkmlp-controls {{ display: flex; flex-wrap: wrap; gap: 0.4em 1.2em; align-items: center; }}
 #{uid} .qkmlp-controls label {{ white-space: nowrap; }}
-#{uid} table {{ border-collapse: collapse; margin: 0.5em 0; }}
-#{uid} td, #{uid} th {{ padding: 0.15em 0.7em; border-bottom: 1px solid #eee; text-align: left; }}
-#{uid} .qkmlp-scale-change, #{uid} .qkmlp-swap-change {{ font-family: monospace; }}
-#{uid} .qkmlp-note {{ color: #555; font-size: 0.85em; }}
-#{uid} svg text {{ font-size: 11px; font-family: sans-serif; }}
+#{uid} input.qkmlp-alpha {{ width: 10em; max-width: 60vw; vertical-align: middle; }}
+#{uid} table {{ border-collapse: collapse; margin: 0.5em 0; width: 100%; }}
+#{uid} td, #{uid} th {{ padding: 0.15em 0.5em; border-bottom: 1px solid #eee; text-align: left;
+  vertical-align: top; }}
+#{uid} th {{ white-space: nowrap; }}
+#{uid} .qkmlp-scale-change, #{uid} .qkmlp-swap-change {{ font-family: monospace; white-space: nowrap; }}
+#{uid} .qkmlp-plot {{ display: flex; flex-wrap: wrap; gap: 0.3em 1em; justify-content: center; }}
+#{uid} .qkmlp-plot svg {{ width: {panel}px; max-width: 100%; height: auto; }}
+#{uid} .qkmlp-note {{ color: #444; font-size: 0.9em; margin: 0.4em 0 0; overflow-wrap: break-word; }}
+#{uid} svg text {{ font-size: 12px; font-family: sans-serif; }}
 """
 
 # Plain ES5, no external scripts. Finds its container by id (or, inside JupyterLab where the
@@ -130,7 +140,7 @@ _JS = r"""
   var D = JSON.parse(root.querySelector(".qkmlp-data").textContent);
   var q = function (c) { return root.querySelector("." + c); };
   var slider = q("qkmlp-alpha"), act = q("qkmlp-activation"), form = q("qkmlp-form"), rank = q("qkmlp-rank");
-  var P = 200, M = 34;  // panel size and margin, in SVG units
+  var P = 200, M = 40;  // plot square and left margin, in SVG units
   function fmt(v) {
     if (v === 0) { return "0"; }
     return Math.abs(v) < 1e-3 ? v.toExponential(2) : v.toFixed(4);
@@ -162,7 +172,7 @@ _JS = r"""
     q("qkmlp-scale-change").textContent = fmt(n[0]);
     q("qkmlp-swap-change").textContent = fmt(n[1]);
     q("qkmlp-scale-predicted").textContent = verdict(n[0], n[2]) +
-      (n[4] !== null && n[4] !== 0 ? "; exactly " + fmt(n[4]) + " = |α^(p−1) − 1|" : "");
+      (n[4] !== null && n[4] !== 0 ? "; predicted exactly " + fmt(n[4]) : "");
     q("qkmlp-swap-predicted").textContent = verdict(n[1], n[3]);
     var g = form.value === "gated";
     draw(q("qkmlp-panel-scale"), p.x0, p.scale[i], g ? "σ(a)·b" : "σ(ab)", g ? "σ(αa)·(b/α)" : "σ((αa)(b/α))");
@@ -177,20 +187,32 @@ _JS = r"""
 """
 
 
-def _panel_svg(cls: str, title: str, npts: int, x_offset: int) -> str:
-    P, M = 200, 34
+#: Plot square and left margin of one scatter panel, in SVG units (= CSS px at natural size).
+_P, _M = 200, 40
+#: Natural width of one panel's SVG, CSS px; on a narrow screen it shrinks to the column.
+PANEL_PX = 250
+
+
+def _panel_svg(cls: str, title: str, npts: int) -> str:
+    """One scatter panel as its own <svg> (the two panels wrap onto two lines on a phone)."""
+    P, M = _P, _M
     circles = "".join(f'<circle r="2.6" cx="{M}" cy="{P}"/>' for _ in range(npts))
+    fill = "#0072B2" if "scale" in cls else "#D55E00"
     return (
-        f'<g class="{cls}" transform="translate({x_offset},0)">'
+        f'<svg class="qkmlp-svg" viewBox="0 -18 {PANEL_PX} 268" width="{PANEL_PX}" height="268" '
+        'xmlns="http://www.w3.org/2000/svg" role="img" '
+        f'aria-label="{html.escape(title)}: one rank component before and after">'
+        f'<g class="{cls}">'
         f'<text x="{M + P / 2}" y="0" dy="-4" text-anchor="middle">{html.escape(title)}</text>'
         f'<rect x="{M}" y="6" width="{P}" height="{P}" fill="none" stroke="#999"/>'
         f'<line x1="{M}" y1="{P + 6}" x2="{M + P}" y2="6" stroke="#bbb"/>'
-        f'<g fill="{"#1f77b4" if "scale" in cls else "#d62728"}">{circles}</g>'
-        f'<text class="qkmlp-lo" x="{M}" y="{P + 19}" text-anchor="start"></text>'
-        f'<text class="qkmlp-hi" x="{M + P}" y="{P + 19}" text-anchor="end"></text>'
-        f'<text class="qkmlp-xlabel" x="{M + P / 2}" y="{P + 32}" text-anchor="middle"></text>'
-        f'<text class="qkmlp-ylabel" transform="translate({M - 8},{6 + P / 2}) rotate(-90)" text-anchor="middle"></text>'
-        "</g>"
+        f'<g fill="{fill}">{circles}</g>'
+        f'<text class="qkmlp-lo" x="{M}" y="{P + 21}" text-anchor="start"></text>'
+        f'<text class="qkmlp-hi" x="{M + P}" y="{P + 21}" text-anchor="end"></text>'
+        f'<text class="qkmlp-xlabel" x="{M + P / 2}" y="{P + 38}" text-anchor="middle"></text>'
+        f'<text class="qkmlp-ylabel" transform="translate({M - 10},{6 + P / 2}) rotate(-90)" '
+        'text-anchor="middle"></text>'
+        "</g></svg>"
     )
 
 
@@ -235,39 +257,57 @@ def static_explorer_html(*, activation: Optional[str] = None, form: str = "gated
 
     def options(values, selected):
         return "".join(
-            f'<option value="{html.escape(str(v))}"{" selected" if v == selected else ""}>{html.escape(str(v))}</option>'
+            f'<option value="{html.escape(str(v))}"{" selected" if v == selected else ""}>'
+            f"{html.escape(str(v))}</option>"
             for v in values
         )
 
-    svg = (
-        '<svg class="qkmlp-svg" viewBox="0 -14 480 262" width="480" height="262" '
-        'xmlns="http://www.w3.org/2000/svg" role="img" '
-        'aria-label="scatter plots of one rank component before and after the transforms">'
-        + _panel_svg("qkmlp-panel-scale", "inverse scaling q→αq, k→k/α", npts, 0)
-        + _panel_svg("qkmlp-panel-swap", "swap q↔k (at α)", npts, 240)
-        + "</svg>"
+    several_ranks = len(data["ranks"]) > 1
+    if several_ranks:
+        rank_control = (f'<label>rank <select class="qkmlp-rank">{options(data["ranks"], rank)}'
+                        "</select></label>")
+    else:  # nothing to choose: the rank is fixed, not a menu with one entry
+        rank_control = f'<input type="hidden" class="qkmlp-rank" value="{rank}">'
+    plots = (_panel_svg("qkmlp-panel-scale", "inverse scaling q→αq, k→k/α", npts)
+             + _panel_svg("qkmlp-panel-swap", "swap q↔k (at α)", npts))
+    about_rank = (
+        " The transforms act on each rank component separately, so the two plots are the "
+        "same at every rank; the numbers in the table are measured on the whole layer of "
+        "the chosen rank." if several_ranks else
+        f" The layer has rank {rank}."
+    )
+    note = (
+        "The table compares two layers on a fixed batch of 64 random inputs: the relative "
+        "change ‖g(x) − f(x)‖/‖f(x)‖ and what the theorems predict. The plots show one rank "
+        "component on a 7×7 grid of projections (a, b) in [−2, 2]²: left, its value after "
+        "the inverse scaling against before; right, after also swapping q and k. Points on "
+        "the grey diagonal are unchanged. α runs over a log-spaced grid of negative and "
+        f"positive values; the layer (d = {D_MODEL}, m = {D_HIDDEN}, float64, one fixed "
+        "random seed) and every number were computed when the book was built, so the "
+        "explorer works without Python." + about_rank
     )
     return (
         f'<div class="qkmlp-static-explorer" id="{uid}">'
-        f"<style>{_CSS.format(uid=uid)}</style>"
+        f"<style>{_CSS.format(uid=uid, panel=PANEL_PX)}</style>"
         '<div class="qkmlp-controls">'
         f'<label>α = <span class="qkmlp-alpha-value">{alpha:.3g}</span> '
-        f'<input type="range" class="qkmlp-alpha" min="0" max="{len(data["alphas"]) - 1}" step="1" value="{i0}" '
-        'aria-label="alpha (index into a log-spaced grid of negative and positive values)"></label>'
-        f'<label>σ <select class="qkmlp-activation">{options(data["activations"], activation)}</select></label>'
+        f'<input type="range" class="qkmlp-alpha" min="0" max="{len(data["alphas"]) - 1}" '
+        f'step="1" value="{i0}" '
+        'aria-label="alpha (index into a log-spaced grid of negative and positive values)">'
+        "</label>"
+        f'<label>σ <select class="qkmlp-activation">{options(data["activations"], activation)}'
+        "</select></label>"
         f'<label>form <select class="qkmlp-form">{options(data["forms"], form)}</select></label>'
-        f'<label>rank <select class="qkmlp-rank">{options(data["ranks"], rank)}</select></label>'
+        f"{rank_control}"
         "</div>"
-        "<table><tr><th></th><th>relative output change</th><th>measured vs theorem</th></tr>"
-        '<tr><td>inverse scaling by α</td><td class="qkmlp-scale-change"></td><td class="qkmlp-scale-predicted"></td></tr>'
-        '<tr><td>swap q↔k at α</td><td class="qkmlp-swap-change"></td><td class="qkmlp-swap-predicted"></td></tr>'
+        "<table><tr><th></th><th>change</th><th>measured (theorem)</th></tr>"
+        '<tr><td>inverse scaling by α</td><td class="qkmlp-scale-change"></td>'
+        '<td class="qkmlp-scale-predicted"></td></tr>'
+        '<tr><td>swap q↔k at α</td><td class="qkmlp-swap-change"></td>'
+        '<td class="qkmlp-swap-predicted"></td></tr>'
         "</table>"
-        f'<div class="qkmlp-plot">{svg}</div>'
-        '<p class="qkmlp-note">Static explorer: every number and point was precomputed in Python '
-        f"(float64 layer d={D_MODEL}, one fixed random seed) and is replayed by a few "
-        "lines of inline JavaScript, so it works with no kernel and no network. α runs over a "
-        "log-spaced grid of negative and positive values. The live explorer (with a rank "
-        "control, redrawn by Python) needs a running kernel: open this chapter in JupyterLab.</p>"
+        f'<div class="qkmlp-plot">{plots}</div>'
+        f'<p class="qkmlp-note">{html.escape(note)}</p>'
         f'<script type="application/json" class="qkmlp-data">{payload}</script>'
         f"<script>{_JS.replace('__UID__', uid)}</script>"
         "</div>"

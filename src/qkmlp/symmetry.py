@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import copy
 import math
+from numbers import Real
 
 import torch
+
+from ._checks import tolerance
 
 from .activations import Activation
 from .layers import (
@@ -56,14 +59,17 @@ def _require(layer, types, what: str) -> None:
 
 
 def _check_alpha(alpha) -> float:
+    """α as a float: a real number (int, float, NumPy scalar or one-element real tensor;
+    not bool, str or complex), finite and non-zero."""
     if isinstance(alpha, torch.Tensor):
         if alpha.numel() != 1:
             raise ValueError(f"alpha must be a scalar, got a tensor of shape {tuple(alpha.shape)}")
+        if alpha.dtype == torch.bool or alpha.is_complex():
+            raise TypeError(f"alpha must be a real number, got a {alpha.dtype} tensor")
         alpha = alpha.item()
-    try:
-        a = float(alpha)
-    except (TypeError, ValueError):
-        raise TypeError(f"alpha must be a real number, got {type(alpha).__name__}") from None
+    if isinstance(alpha, bool) or type(alpha).__name__ == "bool_" or not isinstance(alpha, Real):
+        raise TypeError(f"alpha must be a real number, got {type(alpha).__name__} {alpha!r}")
+    a = float(alpha)
     if not math.isfinite(a) or a == 0.0:
         raise ValueError(f"alpha must be a finite non-zero number, got {alpha!r}")
     return a
@@ -96,7 +102,12 @@ def rescaled(layer, alpha):
 def _check_gauge(layer, G) -> torch.Tensor:
     m, r = layer.d_hidden, layer.rank
     if not isinstance(G, torch.Tensor):
-        G = torch.as_tensor(G)
+        try:
+            G = torch.as_tensor(G)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"G must be a real matrix (tensor or nested lists), got {type(G).__name__}") from None
+    if G.is_complex() or G.dtype == torch.bool:
+        raise TypeError(f"G must be a real matrix, got dtype {G.dtype}")
     if not G.is_floating_point():
         G = G.to(torch.float64)
     if G.shape == (r, r):
@@ -134,15 +145,16 @@ def gauge_transformed(layer, G):
 
 @torch.no_grad()
 def relative_change(layer_a, layer_b, x: torch.Tensor) -> float:
-    """‖f_b(x) − f_a(x)‖ / ‖f_a(x)‖ over the whole batch (Frobenius norms).
+    """‖f_b(x) − f_a(x)‖ / ‖f_a(x)‖ over the whole batch (Frobenius norms, in float64).
 
     Returns the absolute difference norm when f_a(x) is exactly zero.
     """
     ya, yb = layer_a(x), layer_b(x)
     if ya.shape != yb.shape:
         raise ValueError(f"layers give outputs of different shapes {tuple(ya.shape)} and {tuple(yb.shape)}")
-    diff = torch.linalg.vector_norm((yb - ya).double())
-    base = torch.linalg.vector_norm(ya.double())
+    ya, yb = ya.double(), yb.double()
+    diff = torch.linalg.vector_norm(yb - ya)
+    base = torch.linalg.vector_norm(ya)
     return float(diff / base) if base > 0 else float(diff)
 
 
@@ -202,6 +214,7 @@ def gauge_is_symmetry(layer, G, *, atol: float = 1e-12) -> bool:
     gated form follows the gated rule.
     """
     _require(layer, _FACTORED, "gauge_is_symmetry")
+    atol = tolerance(atol, "atol")
     G = _check_gauge(layer, G).to(torch.float64)
     if isinstance(layer, SymmetricBilinearMLP) or layer.activation.is_linear:
         return True

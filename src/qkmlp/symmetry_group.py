@@ -49,6 +49,7 @@ __all__ = [
     "low_rank_dimension",
     "symmetric_low_rank_dimension",
     "factor_fiber_dimension",
+    "gauge_symmetry_dimension",
     "slot_permuted",
     "odd_sign_flip",
     "conserved_quantities",
@@ -171,6 +172,60 @@ def symmetry_dimension(layer: nn.Module, **kwargs) -> int:
     return measure_symmetry(layer, **kwargs).dimension
 
 
+def gauge_symmetry_dimension(
+    layer: nn.Module,
+    x: Optional[torch.Tensor] = None,
+    *,
+    eps: float = 1e-4,
+    rtol: float = 1e-6,
+    seed: int = 0,
+) -> int:
+    """Number of directions of the GL(r) gauge that leave a factored layer unchanged.
+
+    The gauge moves slot j's factors as Q_j → G_j Q_j, K_j → G_j⁻ᵀ K_j
+    (:func:`qkmlp.symmetry.gauge_transformed`). For each of the m·r² generators E (one
+    entry of one slot's r × r matrix) the output's derivative along G = I + εE is taken by
+    central differences with step ``eps`` on the batch ``x`` (default: 2·m·r² + 20
+    standard-normal inputs, float64); the result is m·r² minus the rank of the stacked
+    derivatives (singular values above ``rtol`` × the norm of the outputs on ``x``, so a
+    layer on which every generator is a symmetry counts them all). Symmetric layer: m·r²;
+    gated ReLU: m·r (positive diagonals); gated SiLU: 0. Only the public transform is
+    used, so the count does not depend on how the layer stores its weights.
+    """
+    from .symmetry import gauge_transformed   # qkmlp.symmetry imports this module
+
+    if not isinstance(layer, (SymmetricBilinearMLP, GatedMLP)):
+        raise TypeError("gauge_symmetry_dimension expects a SymmetricBilinearMLP or "
+                        f"GatedMLP (a layer with rank-r factors); got {type(layer).__name__}")
+    if not (0.0 < eps < 1.0) or not (0.0 < rtol < 1.0):
+        raise ValueError(f"eps and rtol must be in (0, 1), got eps={eps!r}, rtol={rtol!r}")
+    layer64 = copy.deepcopy(layer).to(device="cpu", dtype=torch.float64)
+    m, r = layer64.d_hidden, layer64.rank
+    n_gen = m * r * r
+    if x is None:
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.randn(2 * n_gen + 20, layer64.d_model, generator=gen, dtype=torch.float64)
+    else:
+        x = x.to(device="cpu", dtype=torch.float64)
+    eye = torch.eye(r, dtype=torch.float64).expand(m, r, r)
+    columns = []
+    with torch.no_grad():
+        for g in range(n_gen):
+            E = torch.zeros(n_gen, dtype=torch.float64)
+            E[g] = 1.0
+            E = E.reshape(m, r, r)
+            up = gauge_transformed(layer64, eye + eps * E)(x)
+            down = gauge_transformed(layer64, eye - eps * E)(x)
+            columns.append(((up - down) / (2 * eps)).reshape(-1))
+    sv = torch.linalg.svdvals(torch.stack(columns, dim=1))
+    # relative to the size of the output, not to the largest singular value: when every
+    # generator is a symmetry, all singular values are round-off and none may count
+    with torch.no_grad():
+        scale = torch.linalg.vector_norm(layer64(x))
+    rank = int((sv > rtol * scale).sum())
+    return n_gen - rank
+
+
 # --- theory --------------------------------------------------------------------------------
 
 def _require_positive_ints(**kwargs) -> None:
@@ -193,7 +248,9 @@ def symmetric_low_rank_dimension(d: int, rank: int) -> int:
 
 
 def factor_fiber_dimension(rank: int, d: int) -> int:
-    """Dimension of the set of (Q, K) ∈ (ℝ^{r×d})² with the same sym(QᵀK), generically.
+    """Dimension of the set of factor pairs (Q, K), each r × d, with the same sym(QᵀK).
+
+    For generic (Q, K):
 
     2r ≤ d: the orbit of O(r, r), of dimension r(2r − 1). 2r > d: 2rd − d(d+1)/2.
     """
@@ -202,7 +259,7 @@ def factor_fiber_dimension(rank: int, d: int) -> int:
 
 
 def _linear_mixing(n_slots: int, space: int, d_out: int) -> int:
-    """Fiber of (a_j, v_j)_{j≤m} ↦ Σ_j a_j ⊗ v_j with a_j free in ℝ^space: rank-m tensors."""
+    """Fiber of (a_j, v_j), j ≤ m ↦ Σ_j a_j ⊗ v_j, a_j free in a space of that dimension."""
     return n_slots * (space + d_out) - low_rank_dimension(space, d_out, n_slots)
 
 
@@ -334,7 +391,7 @@ def slot_permuted(layer: nn.Module, perm) -> nn.Module:
 def odd_sign_flip(layer: nn.Module, slot: int) -> nn.Module:
     """A copy with slot ``slot``'s σ-argument and value negated.
 
-    Flips k_j (key-value, static query), A_j (dense), q_{j,s} for all s (symmetric,
+    Flips k_j (key-value, static query), A_j (dense), the queries q[j, s] for all s (symmetric,
     gated) together with v_j. Since σ(−z)(−v) = σ(z)v exactly when σ is odd, this is a
     symmetry for odd σ (tanh, identity) and changes the function otherwise.
     """
@@ -359,7 +416,7 @@ def conserved_quantities(layer: nn.Module) -> dict[str, torch.Tensor]:
 
     - SymmetricBilinearMLP (every σ): ``"QQt-KKt"`` (m, r, r) = Q_jQ_jᵀ − K_jK_jᵀ and
       ``"skew(KQt)"`` (m, r, r) = antisymmetric part of K_jQ_jᵀ (the symmetric generators
-      of O(r, r)); the diagonal of the first is ‖q_{j,s}‖² − ‖k_{j,s}‖². Homogeneous
+      of O(r, r)); the diagonal of the first is ‖q[j, s]‖² − ‖k[j, s]‖². Homogeneous
       non-linear σ of degree p also ``"(|Q|^2+|K|^2)/2-p|v|^2"`` (m,) =
       (‖Q_j‖²_F + ‖K_j‖²_F)/2 − p‖v_j‖², from S_j → tS_j (Q_j, K_j → √t Q_j, √t K_j),
       v_j → t⁻ᵖ v_j.

@@ -121,14 +121,20 @@ def make_batch(d_model: int = D_MODEL, n: int = BATCH, *, seed: int = 1) -> torc
 def predicted_scale_change(layer, alpha: float) -> Optional[float]:
     """What the theorems predict for ``scale_change``, or ``None`` where they say only "breaks".
 
-    0 where inverse scaling is a symmetry. For the gated form with degree-p homogeneous σ
-    and α > 0 the output is multiplied by α^(p−1), so the relative change is |α^(p−1) − 1|.
+    0 where inverse scaling is a symmetry. For the gated form with degree-p homogeneous σ:
+    α > 0 multiplies the output by α^(p−1), so the relative change is |α^(p−1) − 1|; α < 0
+    turns f(x) into |α|^(p−1) f(−x), which for odd σ is |α|^(p−1) f(x), a relative change
+    of ||α|^(p−1) − 1|.
     """
     if rescaling_is_symmetry(layer, alpha):
         return 0.0
-    p = layer.activation.homogeneity_degree
-    if isinstance(layer, GatedMLP) and p is not None and alpha > 0:
-        return abs(alpha ** (p - 1) - 1.0)
+    act = layer.activation
+    p = act.homogeneity_degree
+    if isinstance(layer, GatedMLP) and p is not None:
+        if alpha > 0:
+            return abs(alpha ** (p - 1) - 1.0)
+        if act.is_odd:
+            return abs(abs(alpha) ** (p - 1) - 1.0)
     return None
 
 
@@ -242,7 +248,9 @@ class SymmetryExplorer:
         self.form = W.Dropdown(options=list(FORMS), value=form, description="form")
         self.rank = W.IntSlider(min=1, max=max_rank, value=rank, description="rank r")
         self.readout = W.HTML()
-        self.image = W.Image(format="png")
+        # the PNG is 600 px wide; on a narrow screen it shrinks to the width of the page
+        self.image = W.Image(format="png", layout=W.Layout(width="100%", max_width="600px",
+                                                           height="auto"))
 
         fig = Figure(figsize=(7.5, 3.4), dpi=80)
         FigureCanvasAgg(fig)
@@ -348,12 +356,13 @@ class SymmetryExplorer:
         import ipywidgets as W
 
         if not hasattr(self, "_box"):
+            wrap = W.Layout(flex_flow="row wrap")   # controls wrap onto lines on a phone
             self._box = W.VBox([
-                W.HBox([self.alpha, self.activation]),
-                W.HBox([self.form, self.rank]),
+                W.HBox([self.alpha, self.activation], layout=wrap),
+                W.HBox([self.form, self.rank], layout=wrap),
                 self.readout,
                 self.image,
-            ])
+            ], layout=W.Layout(max_width="100%"))
         return self._box
 
     def _repr_mimebundle_(self, **kwargs):
