@@ -201,7 +201,8 @@ def plot_vs_shazeer(rows: list[dict], ax, column: str = "shazeer_65k"):
     ax.axvline(0, color="0.3", lw=0.7)
     ax.set_xlabel("Shazeer: Δ vs ReLU (nats/token)")
     ax.set_ylabel("here: Δ vs ReLU (nats/char)")
-    ax.legend(ncol=2, loc="upper left", handletextpad=0.2, columnspacing=0.6, borderaxespad=0.2)
+    # below the axes (constrained layout makes room), so no point hides under it
+    ax.figure.legend(ncol=3, loc="outside lower center", handletextpad=0.2, columnspacing=0.6)
 
 
 def plateau_rows(results: dict) -> list[dict]:
