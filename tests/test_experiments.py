@@ -9,12 +9,12 @@ import torch
 
 from qkmlp.costs import parameter_count
 from qkmlp.experiments import (
-    FAMILIES, TASKS, TinyTransformer, compare, get_family, hidden_width, kv_budget, load_results,
-    make_layer, mean_sd, paired_comparison, rerun, run_cell, run_grid, save_results, sign_test, summary,
-    t_interval,
+    FAMILIES, TASKS, TinyTransformer, choose_lr, compare, detectable_difference, get_family, hidden_width, holm,
+    kv_budget, load_results, make_layer, mean_sd, paired_comparison, rerun, run_cell, run_grid, save_results,
+    sign_test, strip_provenance, summary, t_interval, t_test, tuned_lr,
 )
 from qkmlp.experiments.__main__ import main
-from qkmlp.experiments.tasks import modadd_data, recall_data
+from qkmlp.experiments.tasks import digits_data, modadd_data, recall_data
 
 
 # --- families -------------------------------------------------------------------------
@@ -43,6 +43,18 @@ def test_family_kinds_build_the_right_layers():
     assert type(layer).__name__ == "GatedMLP" and layer.rank == 1 and layer.activation.name == "silu"
     assert type(make_layer("sym4-silu", 8, 8, 400)).__name__ == "SymmetricBilinearMLP"
     assert type(make_layer("kv-relu", 8, 8, 200)).__name__ == "KeyValueMLP"
+    sg = make_layer("symgated2-silu", 8, 8, 400)
+    assert type(sg).__name__ == "SymmetrizedGatedMLP" and sg.rank == 2
+
+
+def test_symmetrised_family_is_swap_invariant_and_not_even():
+    from qkmlp.symmetry import relative_change, swapped
+    torch.manual_seed(0)
+    x = torch.randn(64, 8)
+    layer = make_layer("symgated1-silu", 8, 8, 200)
+    assert relative_change(layer, swapped(layer), x) < 1e-6
+    # unlike sigma(ab), the symmetrised gated form is not even in x
+    assert not torch.allclose(layer(-x), layer(x), atol=1e-3)
 
 
 def test_bad_family_and_budget():
@@ -87,15 +99,72 @@ def test_paired_comparison_sees_a_consistent_shift_and_not_noise():
     assert mean_sd([2.0]) == (2.0, 0.0)
 
 
+def test_t_test_matches_scipy_paired_test():
+    from scipy.stats import ttest_rel
+    a = [0.3, 0.1, 0.5, 0.2, 0.45, 0.33]
+    b = [0.2, 0.15, 0.3, 0.1, 0.4, 0.2]
+    assert t_test([x - y for x, y in zip(a, b)]) == pytest.approx(ttest_rel(a, b).pvalue, rel=1e-9)
+    assert t_test([0.0, 0.0, 0.0]) == 1.0 and t_test([1.0, 1.0]) == 0.0
+    assert paired_comparison(a, b)["t_p"] == pytest.approx(ttest_rel(a, b).pvalue, rel=1e-9)
+
+
+def test_holm_against_its_definition():
+    # the definition: sort, multiply the i-th smallest by (m - i), running maximum, cap at 1
+    import random
+    rng = random.Random(0)
+    for _ in range(50):
+        m = rng.randint(1, 12)
+        p = [rng.random() ** 3 for _ in range(m)]
+        order = sorted(range(m), key=lambda i: p[i])
+        ref = [0.0] * m
+        for k, i in enumerate(order):
+            ref[i] = min(1.0, max((m - j) * p[order[j]] for j in range(k + 1)))
+        assert holm(p) == pytest.approx(ref)
+    # a textbook case: 0.01, 0.04, 0.03 -> 0.03, 0.06, 0.06
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    with pytest.raises(ValueError, match="p-values"):
+        holm([0.5, 1.5])
+
+
+def test_detectable_difference_has_the_stated_power():
+    # Monte Carlo: paired t-tests at the detectable difference reject in ~80 % of draws
+    import numpy as np
+    from scipy.stats import t as student_t
+    n, sd, alpha = 10, 0.7, 0.01
+    delta = detectable_difference(sd, n, alpha=alpha, power=0.8)
+    rng = np.random.default_rng(0)
+    d = rng.normal(delta, sd, size=(40000, n))
+    tstat = d.mean(1) / (d.std(1, ddof=1) / np.sqrt(n))
+    power = np.mean(np.abs(tstat) > student_t.ppf(1 - alpha / 2, n - 1))
+    assert power == pytest.approx(0.8, abs=0.01)
+    # more seeds, smaller detectable difference; zero spread, zero
+    assert detectable_difference(sd, 40, alpha=alpha) < delta / 1.9
+    assert detectable_difference(0.0, 5) == 0.0
+    # a strict level with few seeds needs a large non-centrality (scipy's lower tail underflows)
+    assert 1.45 < detectable_difference(1.0, 10, alpha=0.05 / 12) < 1.6
+    with pytest.raises(ValueError, match="n must"):
+        detectable_difference(1.0, 1)
+
+
 # --- data ----------------------------------------------------------------------------------
 
 def test_modadd_data_is_a_partition_with_correct_labels():
     p = 7
-    xtr, ytr, xte, yte = modadd_data(p, 0.5, seed=3)
-    x, y = torch.cat([xtr, xte]), torch.cat([ytr, yte])
+    xtr, ytr, xva, yva, xte, yte = modadd_data(p, (0.5, 0.25, 0.25), seed=3)
+    assert (len(ytr), len(yva), len(yte)) == (25, 12, 12)
+    x, y = torch.cat([xtr, xva, xte]), torch.cat([ytr, yva, yte])
     a, b = x[:, :p].argmax(1), x[:, p:].argmax(1)
     assert len({(int(i), int(j)) for i, j in zip(a, b)}) == p * p
     assert torch.equal(y, (a + b) % p)
+
+
+def test_digits_split_is_a_partition():
+    xtr, _, xva, _, xte, _ = digits_data(0)
+    assert len(xtr) + len(xva) + len(xte) == 1797
+    rows = {tuple(r.tolist()) for r in torch.cat([xtr, xva, xte])}
+    assert len(rows) > 1700          # (a few digits images are exact duplicates)
+    with pytest.raises(ValueError, match="empty split"):
+        digits_data(0, fracs=(1.0, 0.0, 0.0))
 
 
 def test_recall_data_places_subject_relation_and_query():
@@ -133,46 +202,79 @@ def test_tiny_transformer_last_position_equals_full_attention():
 # --- runs --------------------------------------------------------------------------------
 
 def _strip(rec):
-    return {k: v for k, v in rec.items() if k != "wall_s"}
+    return {k: v for k, v in rec.items() if k not in ("wall_s", "host")}
+
+
+def _quick(task, **extra):
+    return {**TASKS[task].quick, "lr": 1e-2, **extra}
 
 
 @pytest.mark.parametrize("task", list(TASKS))
 def test_run_cell_is_deterministic_on_cpu(task):
     t = TASKS[task]
     cell = t.cells(t.quick)[1]
-    a = run_cell(task, cell, seed=4, config=t.quick)
-    b = run_cell(task, cell, seed=4, config=t.quick)
+    a = run_cell(task, cell, seed=4, config=_quick(task))
+    b = run_cell(task, cell, seed=4, config=_quick(task))
     assert _strip(a) == _strip(b)
-    c = run_cell(task, cell, seed=5, config=t.quick)
+    c = run_cell(task, cell, seed=5, config=_quick(task))
     assert c["curve"]["train_loss"] != a["curve"]["train_loss"]
+    for key in ("val_loss", "test_loss", "best_step", "stopped", "steps", t.metric):
+        assert key in a
+    assert a["best_val_loss"] == min(a["curve"]["val_loss"])
+
+
+def test_run_cell_needs_a_learning_rate():
+    with pytest.raises(ValueError, match="lr"):
+        run_cell("digits", {"family": "kv-relu"}, 0, TASKS["digits"].quick)
 
 
 def test_symmetric_identity_and_bilinear_train_identically():
     # σ = identity: σ(ab) = ab = σ(a)b, and both layers draw the same initial weights
-    cfg = TASKS["digits"].quick
-    a = run_cell("digits", {"family": "sym1-identity"}, 0, cfg)
-    b = run_cell("digits", {"family": "gated1-identity"}, 0, cfg)
+    a = run_cell("digits", {"family": "sym1-identity"}, 0, _quick("digits"))
+    b = run_cell("digits", {"family": "gated1-identity"}, 0, _quick("digits"))
     assert a["curve"]["train_loss"] == pytest.approx(b["curve"]["train_loss"], rel=1e-5)
 
 
-def test_swap_change_zero_for_symmetric_and_large_for_gated():
-    cfg = TASKS["teacher"].quick
-    sym = run_cell("teacher", {"teacher": "kv-relu", "family": "sym1-silu"}, 0, cfg)
-    gated = run_cell("teacher", {"teacher": "kv-relu", "family": "gated1-silu"}, 0, cfg)
-    kv = run_cell("teacher", {"teacher": "kv-relu", "family": "kv-relu"}, 0, cfg)
-    assert sym["swap_init"] < 1e-5 and sym["swap_trained"] < 1e-5
-    assert gated["swap_init"] > 1e-2 and gated["swap_trained"] > 1e-2
-    assert kv["swap_init"] is None
+def test_swap_change_zero_for_symmetric_forms_and_large_for_gated():
+    cfg = _quick("teacher")
+    runs = {f: run_cell("teacher", {"teacher": "kv-relu", "family": f}, 0, cfg)
+            for f in ("sym1-silu", "symgated1-silu", "gated1-silu", "kv-relu")}
+    for f in ("sym1-silu", "symgated1-silu"):
+        assert runs[f]["swap_init"] < 1e-5 and runs[f]["swap_trained"] < 1e-5
+    assert runs["gated1-silu"]["swap_init"] > 1e-2 and runs["gated1-silu"]["swap_trained"] > 1e-2
+    assert runs["kv-relu"]["swap_init"] is None
 
 
-def test_run_grid_save_load_and_compare(tmp_path):
+def test_choose_lr_takes_the_lowest_mean_validation_loss():
+    runs = [{"family": "A", "lr": lr, "seed": s, "val_loss": v}
+            for lr, vals in ((0.1, (1.0, 3.0)), (0.3, (1.5, 1.6)), (1.0, (0.5, float("nan"))))
+            for s, v in zip((100, 101), vals)]
+    row = choose_lr(runs, {"family": "A"}, [0.1, 0.3, 1.0])
+    assert row["lr"] == 0.3 and not row["at_edge"]                 # 1.0 has a non-finite run: +inf
+    assert row["val_loss_by_lr"]["0.1"] == pytest.approx(2.0)
+    assert choose_lr(runs[:2], {"family": "A"}, [0.1])["lr"] == 0.1
+    with pytest.raises(KeyError, match="no tuning runs"):
+        choose_lr(runs, {"family": "B"}, [0.1])
+
+
+def test_run_grid_tunes_then_evaluates_saves_and_compares(tmp_path):
     res = run_grid("digits", seeds=range(3), quick=True, progress=False)
     meta = res["meta"]
-    for key in ("qkmlp_version", "git_commit", "hardware", "wall_s", "torch_version", "device", "seeds"):
+    for key in ("qkmlp_version", "git_commit", "git_uncommitted_changes", "hardware", "wall_s", "versions",
+                "device", "seeds", "tune_seeds", "lrs"):
         assert key in meta
+    assert {"numpy", "scikit-learn", "torch", "scipy"} <= set(meta["versions"])
     assert len(res["runs"]) == 2 * 3
+    # each cell tried the config's two rates, plus up to two past an edge where the best sat
+    tried = [len(row["val_loss_by_lr"]) for row in res["tuning"]]
+    assert all(2 <= k <= 4 for k in tried) and len(res["tune_runs"]) == sum(tried)
+    for row in res["tuning"]:           # the chosen rate is the one with the lowest tuning validation loss
+        tune = {r["lr"]: r["val_loss"] for r in res["tune_runs"] if r["family"] == row["family"]}
+        assert row["lr"] == min(tune, key=tune.get)
+        assert all(r["lr"] == row["lr"] for r in res["runs"] if r["family"] == row["family"])
     path = save_results(res, tmp_path / "digits.json")
     back = load_results(path)
+    assert tuned_lr(back, {"family": "kv-relu"}) == res["tuning"][0]["lr"]
     rows = summary(back)
     assert {r["family"] for r in rows} == {"kv-relu", "gated1-silu"} and all(r["n"] == 3 for r in rows)
     cmp = compare(back, {"family": "gated1-silu"}, {"family": "kv-relu"})
@@ -188,24 +290,86 @@ def test_run_grid_save_load_and_compare(tmp_path):
         rerun(back, [{"family": "gated1-silu"}], seeds=[7])
 
 
+def test_run_grid_rejects_bad_seeds():
+    with pytest.raises(ValueError, match="seeds must not be empty"):
+        run_grid("digits", seeds=[], quick=True, progress=False)
+    with pytest.raises(ValueError, match="disjoint"):
+        run_grid("digits", seeds=[100], quick=True, progress=False)
+    with pytest.raises(ValueError, match="sizes"):
+        run_grid("digits", size="huge", progress=False)
+    with pytest.raises(ValueError, match="shared cache"):
+        run_grid("digits", quick=True, progress=False, rank=0, world=2)
+
+
+@pytest.mark.slow
+def test_parts_with_a_shared_cache_equal_one_process_and_resume(tmp_path, monkeypatch):
+    # two independent processes share the jobs through a cache folder; part 1 writes the file
+    import subprocess
+    import sys
+    one = run_grid("modadd", quick=True, progress=False)
+    cmd = [sys.executable, "-m", "qkmlp.experiments", "--task", "modadd", "--quick", "--no-progress",
+           "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out")]
+    procs = [subprocess.Popen(cmd + ["--part", f"{k}/2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for k in (2, 1)]
+    for p in procs:
+        _, err = p.communicate(timeout=1200)
+        assert p.returncode == 0, err[-2000:]
+    merged = load_results(tmp_path / "out" / "modadd_quick.json")
+    assert [strip_provenance(r) for r in merged["runs"]] == [strip_provenance(r) for r in save_load(one)["runs"]]
+    assert merged["tuning"] == save_load(one)["tuning"]
+    assert {r["rank"] for r in merged["runs"]} == {0, 1}
+    # resume: every record is in the cache, so nothing trains again
+    import qkmlp.experiments.runner as runner
+
+    def no_training(*a, **k):
+        raise AssertionError("a cached run was trained again")
+
+    monkeypatch.setattr(runner, "run_cell", no_training)
+    again = run_grid("modadd", quick=True, progress=False, cache=tmp_path / "cache")
+    assert again["meta"]["runs_computed_here"] == 0
+    assert [strip_provenance(r) for r in save_load(again)["runs"]] == [strip_provenance(r) for r in merged["runs"]]
+
+
+def save_load(results):
+    """The results as they read back from a file (floats rounded to 5 digits)."""
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as d:
+        return load_results(save_results(results, Path(d) / "r.json"))
+
+
 def test_device_checks():
     with pytest.raises(ValueError, match="device"):
-        run_cell("digits", {"family": "kv-relu"}, 0, TASKS["digits"].quick, device="meta")
+        run_cell("digits", {"family": "kv-relu"}, 0, _quick("digits"), device="meta")
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="cuda"):
-            run_cell("digits", {"family": "kv-relu"}, 0, TASKS["digits"].quick, device="cuda")
+            run_cell("digits", {"family": "kv-relu"}, 0, _quick("digits"), device="cuda")
 
 
-def test_cli_writes_json(tmp_path, capsys):
-    assert main(["--task", "modadd", "--quick", "--seeds", "2", "--out", str(tmp_path)]) == 0
-    data = json.loads((tmp_path / "modadd.json").read_text())
-    assert data["meta"]["seeds"] == [0, 1] and data["meta"]["command"].endswith("--out " + str(tmp_path))
-    assert len(data["runs"]) == 4
+def test_cli_writes_json(tmp_path):
+    assert main(["--task", "modadd", "--quick", "--seeds", "2", "--out", str(tmp_path), "--no-progress"]) == 0
+    data = json.loads((tmp_path / "modadd_quick.json").read_text())
+    assert data["meta"]["seeds"] == [0, 1] and data["meta"]["command"].endswith("--no-progress")
+    assert len(data["runs"]) == 4 and data["meta"]["size"] == "quick"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--task", "nope"], "unknown task"),
+    (["--task", "digits", "--seeds", "0"], "--seeds must be >= 1"),
+    (["--task", "digits", "--size", "huge"], "sizes"),
+    (["--task", "digits", "--part", "3/2", "--cache", "x"], "--part must be"),
+    (["--task", "digits", "--part", "1/2"], "needs --cache"),
+])
+def test_cli_bad_options_give_clear_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu_roughly():
-    cfg = TASKS["teacher"].quick
+    cfg = _quick("teacher")
     cell = {"teacher": "kv-relu", "family": "gated1-silu"}
     a = run_cell("teacher", cell, 0, cfg, device="cpu")
     b = run_cell("teacher", cell, 0, cfg, device="cuda")
@@ -213,8 +377,7 @@ def test_cuda_matches_cpu_roughly():
 
 
 def test_digits_bias_appends_a_constant_and_breaks_parity():
-    from qkmlp.experiments.tasks import digits_data
-    xtr, _, xte, _ = digits_data(0, bias=True)
+    xtr, _, _, _, xte, _ = digits_data(0, bias=True)
     assert xtr.shape[1] == 65 and bool((xtr[:, -1] == 1).all()) and bool((xte[:, -1] == 1).all())
     # without a constant coordinate the symmetric form is even in x, the gated form is not
     torch.manual_seed(0)
@@ -236,37 +399,70 @@ def _fake(metric, higher, a_vals, b_vals):
 
 
 def test_gain_is_oriented_so_positive_means_better():
-    from qkmlp.experiments.report import format_rows, gain
+    from qkmlp.experiments.report import gain
     acc = gain(_fake("test_acc", True, [0.9, 0.8, 0.95], [0.8, 0.7, 0.9]), {"family": "A"}, {"family": "B"})
     loss = gain(_fake("test_loss", False, [0.1, 0.2, 0.1], [0.3, 0.5, 0.2]), {"family": "A"}, {"family": "B"})
     for r in (acc, loss):
         assert r["mean_diff"] > 0 and r["wins"] == 3 and r["losses"] == 0
     assert loss["mean_diff"] == pytest.approx((0.2 + 0.3 + 0.1) / 3)
-    assert "A vs B" in format_rows([acc, loss])
+    assert loss["diffs"] == pytest.approx([0.2, 0.3, 0.1])
+
+
+def test_holm_family_adds_corrected_p_and_detectable_difference():
+    from qkmlp.experiments.report import gain, holm_family
+    res = _fake("test_acc", True, [0.9, 0.8, 0.95, 0.85, 0.9], [0.8, 0.7, 0.9, 0.8, 0.85])
+    rows = [gain(res, {"family": "A"}, {"family": "B"}), gain(res, {"family": "B"}, {"family": "A"})]
+    holm_family(rows)
+    assert rows[0]["p_holm"] == pytest.approx(min(1.0, 2 * rows[0]["t_p"]))      # both tests have the same p
+    assert rows[0]["survives"] == (rows[0]["p_holm"] < 0.05)
+    assert rows[0]["mde"] == pytest.approx(detectable_difference(rows[0]["sd_diff"], 5, alpha=0.025))
+    with pytest.raises(ValueError, match="at least one"):
+        holm_family([])
+
+
+def test_shazeer_table_and_orderings():
+    from qkmlp.experiments.report import SHAZEER_TABLE1, ordering_agreement, shazeer_rows
+    fams = list(SHAZEER_TABLE1)
+    # a fake grid that reproduces Shazeer's 65k-step means exactly (plus seed noise)
+    runs = [{"family": f, "seed": s, "test_loss": SHAZEER_TABLE1[f][0] + 0.001 * ((s * 7 + i) % 3)}
+            for i, f in enumerate(fams) for s in range(4)]
+    res = {"meta": {"metric": "test_loss", "higher_is_better": False, "seeds": [0, 1, 2, 3]},
+           "config": {"families": fams}, "runs": runs}
+    rows = {r["family"]: r for r in shazeer_rows(res)}
+    assert rows["gated1-silu"]["shazeer_65k"] == pytest.approx(1.944 - 1.997)
+    assert rows["gated1-silu"]["diff"] == pytest.approx(1.944 - 1.997, abs=0.003)
+    agree = ordering_agreement(res)
+    assert agree["n"] == 28 and agree["kendall_tau"] > 0.9
+    assert agree["agree"] >= 26                # only pairs closer than the noise may flip
+    # the pairs Shazeer resolved (difference > 2 x root-sum-square of his run spreads): 18
+    assert agree["resolved"] == 18 and agree["resolved_agree"] == 18
+    flipped = {**res, "runs": [dict(r, test_loss=-r["test_loss"]) for r in runs]}
+    assert ordering_agreement(flipped)["kendall_tau"] < -0.9
 
 
 def test_parity_floor_zero_for_even_teachers_positive_otherwise():
     from qkmlp.experiments.tasks import parity_floor
-    assert parity_floor("sym1-silu", 4, 4, 32, 32, 0) < 1e-10
-    assert parity_floor("gated1-identity", 4, 4, 32, 32, 0) < 1e-10
-    assert parity_floor("kv-relu", 4, 4, 32, 32, 0) > 0.05
+    n = (32, 16, 32)
+    assert parity_floor("sym1-silu", 4, 4, n, 0) < 1e-10
+    assert parity_floor("gated1-identity", 4, 4, n, 0) < 1e-10
+    assert parity_floor("kv-relu", 4, 4, n, 0) > 0.05
+    assert parity_floor("symgated1-silu", 4, 4, n, 0) > 0.01          # the symmetrised form is not even
 
 
-def test_report_plots_run(tmp_path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from qkmlp.experiments.report import plot_cross_table, plot_curves, plot_final, plot_recall, plot_swap, swap_rows
-    res = {t: run_grid(t, seeds=range(2), quick=True, progress=False) for t in ("digits", "teacher", "recall")}
-    fig, axes = plt.subplots(1, 5)
-    plot_final(res["digits"], axes[0])
-    plot_curves(res["digits"], axes[1], ["kv-relu", "gated1-silu"])
-    plot_cross_table(res["teacher"], axes[2])
-    plot_recall(res["recall"], axes[3], ["kv-relu", "gated1-silu"])
-    rows = swap_rows({"digits": res["digits"]}, ["gated1-silu"])
-    assert rows[0]["n"] == 2
-    plot_swap(rows, axes[4])
-    plt.close(fig)
+def test_report_plots_run():
+    from qkmlp import figures
+    from qkmlp.experiments.report import (gain, holm_family, plateau_rows, plot_cross_table, plot_paired,
+                                          plot_val_curves, swap_rows)
+    res = {t: run_grid(t, seeds=range(3), quick=True, progress=False) for t in ("digits", "teacher")}
+    rows = holm_family([gain(res["digits"], {"family": "gated1-silu"}, {"family": "kv-relu"})])
+    (f1, a1), (f2, a2), (f3, a3) = figures.panels(3)
+    plot_paired(rows, a1, scale=100, unit="points")
+    plot_val_curves(res["digits"], a2, ["kv-relu", "gated1-silu"])
+    plot_cross_table(res["teacher"], a3)
+    assert "<img" in figures.row_html(f1, f2, f3)
+    plat = plateau_rows(res["digits"])
+    assert [r["family"] for r in plat] == ["kv-relu", "gated1-silu"] and all(r["n"] == 3 for r in plat)
+    assert swap_rows({"digits": res["digits"]}, ["gated1-silu"])[0]["n"] == 3
 
 
 def test_run_shifts_pairs_runs_by_cell_and_seed():
@@ -286,3 +482,26 @@ def test_run_shifts_pairs_runs_by_cell_and_seed():
         run_shifts(before, res({("a", 0): 0.5}, config={"steps": 2}))
     with pytest.raises(ValueError, match="same cells and seeds"):
         run_shifts(before, res({("a", 0): 0.5}))
+
+
+def test_late_gain():
+    from qkmlp.experiments.runner import late_gain
+    assert late_gain([0, 20, 40, 60, 80, 100], [5, 4, 3, 2, 1.5, 1.2]) == pytest.approx(1.5 - 1.2)
+    assert late_gain([0, 20, 40, 60, 80, 100], [5, 4, 1, 2, 2, 2]) == 0.0
+
+
+def test_tuning_extends_the_grid_past_an_edge(monkeypatch):
+    import math as _m
+
+    def fake_run(cell, seed, cfg, device, progress=None):      # validation loss smallest at lr = 1e-4
+        return {"val_loss": (_m.log10(cfg["lr"]) + 4) ** 2, "test_loss": 1.0, "test_acc": 0.5}
+
+    monkeypatch.setattr(TASKS["digits"], "run", fake_run)
+    res = run_grid("digits", quick=True, progress=False, config={"lrs": [3e-3, 1e-2]})
+    row = res["tuning"][0]
+    tried = sorted(float(k) for k in row["val_loss_by_lr"])
+    assert tried == pytest.approx([3e-3 / (10 / 3) ** 2, 3e-3 / (10 / 3), 3e-3, 1e-2], rel=1e-2)
+    assert row["lr"] == min(tried) and row["at_edge"]            # two extensions, still at the edge: flagged
+    assert len(res["tune_runs"]) == 2 * 4 and all(r["lr"] == row["lr"] for r in res["runs"])
+    res = run_grid("digits", quick=True, progress=False, config={"lrs": [3e-5, 1e-4, 3e-4]})
+    assert [r["lr"] for r in res["tuning"]] == [1e-4, 1e-4] and len(res["tune_runs"]) == 6   # interior: no extension

@@ -1,17 +1,22 @@
 """Experiments: does breaking the q ↔ k symmetry matter when you train?
 
-Families of layers at matched parameter counts (:mod:`.families`), four tasks plus a
-digits-with-bias control (:mod:`.tasks`), a grid runner that stores JSON results (:mod:`.runner`) and paired
-statistics across seeds (:mod:`.stats`). Run the full grid with
-``python -m qkmlp.experiments --task all --device cpu``.
+Families of layers at matched parameter counts (:mod:`.families`), toy tasks and a
+character-level language model on Shakespeare (:mod:`.tasks`, :mod:`.lm`, :mod:`.corpus`),
+one training loop with early stopping (:mod:`.train`), the protocol runner (learning rate
+tuned per cell on a validation split, then evaluation seeds; :mod:`.runner`), torchrun
+sharding (:mod:`.dist`) and paired statistics with Holm's correction (:mod:`.stats`).
+Run every grid with ``python -m qkmlp.experiments --task all``.
 """
 from .families import FAMILIES, Family, family_names, get_family, hidden_width, kv_budget, make_layer
-from .runner import compare, load_results, rerun, run_cell, run_grid, save_results, summary, values_by_seed
-from .stats import mean_sd, paired_comparison, sign_test, t_interval
+from .runner import (choose_lr, compare, load_results, rerun, run_cell, run_grid, save_results, strip_provenance,
+                     summary, tuned_lr, values_by_seed)
+from .stats import detectable_difference, holm, mean_sd, paired_comparison, sign_test, t_interval, t_test
 from .tasks import TASKS, TinyTransformer, get_task
 
 __all__ = [
     "FAMILIES", "Family", "family_names", "get_family", "hidden_width", "kv_budget", "make_layer",
-    "compare", "load_results", "rerun", "run_cell", "run_grid", "save_results", "summary", "values_by_seed",
-    "mean_sd", "paired_comparison", "sign_test", "t_interval", "TASKS", "TinyTransformer", "get_task",
+    "choose_lr", "compare", "load_results", "rerun", "run_cell", "run_grid", "save_results", "strip_provenance",
+    "summary", "tuned_lr", "values_by_seed",
+    "detectable_difference", "holm", "mean_sd", "paired_comparison", "sign_test", "t_interval", "t_test",
+    "TASKS", "TinyTransformer", "get_task",
 ]

@@ -1,6 +1,9 @@
 """The layer families the experiments compare, built at matched parameter counts.
 
-A family is a layer class, a rank and an activation. The **matching rule**: every family
+A family is a layer class, a rank and an activation. Kinds: ``kv`` (key-value MLP
+σ(xKᵀ)V), ``sym`` (symmetric σ(Σ_s (x·q)(x·k))), ``gated`` (Σ_s σ(x·q)(x·k)) and ``symgated``
+(the symmetrised gated layer Σ_s ½[σ(x·q)(x·k) + σ(x·k)(x·q)], :class:`~qkmlp.SymmetrizedGatedMLP`:
+the exact q ↔ k-symmetric control of the gated layer, same σ on the same linear forms). The **matching rule**: every family
 gets the hidden width m that brings its parameter count closest to a budget B, where B is
 the parameter count of the key-value MLP of width ``m_kv``:
 
@@ -19,14 +22,14 @@ from typing import Optional
 from torch import nn
 
 from .._checks import positive_int
-from ..layers import GatedMLP, KeyValueMLP, SymmetricBilinearMLP
+from ..layers import GatedMLP, KeyValueMLP, SymmetricBilinearMLP, SymmetrizedGatedMLP
 
 __all__ = ["Family", "FAMILIES", "family_names", "get_family", "hidden_width", "make_layer", "kv_budget"]
 
 
 @dataclass(frozen=True)
 class Family:
-    """One layer family: ``kind`` in {"kv", "sym", "gated"}, a rank and an activation name."""
+    """One layer family: ``kind`` in {"kv", "sym", "gated", "symgated"}, a rank and an activation name."""
 
     name: str
     kind: str
@@ -47,6 +50,7 @@ def _fam(name, kind, rank, act, label):
 FAMILIES: dict[str, Family] = dict([
     _fam("kv-relu", "kv", 1, "relu", "key-value ReLU"),
     _fam("kv-gelu", "kv", 1, "gelu", "key-value GELU"),
+    _fam("kv-silu", "kv", 1, "silu", "key-value Swish"),
     _fam("sym1-silu", "sym", 1, "silu", "symmetric SiLU"),
     _fam("sym1-gelu", "sym", 1, "gelu", "symmetric GELU"),
     _fam("sym1-relu", "sym", 1, "relu", "symmetric ReLU"),
@@ -55,10 +59,16 @@ FAMILIES: dict[str, Family] = dict([
     _fam("gated1-gelu", "gated", 1, "gelu", "GEGLU"),
     _fam("gated1-relu", "gated", 1, "relu", "ReGLU"),
     _fam("gated1-identity", "gated", 1, "identity", "bilinear"),
+    _fam("gated1-sigmoid", "gated", 1, "sigmoid", "GLU"),
+    _fam("symgated1-silu", "symgated", 1, "silu", "symmetrised SwiGLU"),
+    _fam("symgated1-gelu", "symgated", 1, "gelu", "symmetrised GEGLU"),
+    _fam("symgated1-relu", "symgated", 1, "relu", "symmetrised ReGLU"),
+    _fam("symgated1-sigmoid", "symgated", 1, "sigmoid", "symmetrised GLU"),
     _fam("sym2-silu", "sym", 2, "silu", "symmetric SiLU r=2"),
     _fam("sym4-silu", "sym", 4, "silu", "symmetric SiLU r=4"),
     _fam("gated2-silu", "gated", 2, "silu", "SwiGLU r=2"),
     _fam("gated4-silu", "gated", 4, "silu", "SwiGLU r=4"),
+    _fam("symgated2-silu", "symgated", 2, "silu", "symmetrised SwiGLU r=2"),
 ])
 
 
@@ -103,6 +113,6 @@ def make_layer(family, d_in: int, d_out: int, budget: int, *, device=None, dtype
     fk = {"device": device, "dtype": dtype}
     if fam.kind == "kv":
         return KeyValueMLP(d_in, m, d_out, activation=fam.activation, **fk)
-    cls = SymmetricBilinearMLP if fam.kind == "sym" else GatedMLP
+    cls = {"sym": SymmetricBilinearMLP, "gated": GatedMLP, "symgated": SymmetrizedGatedMLP}[fam.kind]
     return cls(d_in, m, d_out, rank=fam.rank, activation=fam.activation, **fk)
 

@@ -1,20 +1,44 @@
-"""Run a task's grid of (cell, seed) and store the results as compact JSON.
+"""Run a task's protocol over its grid and store the results as compact JSON.
 
-A results file is ``{"meta": ..., "config": ..., "runs": [...]}``; each run carries its
-cell (family, and the teacher or size where the task has one), its seed, its metrics,
-subsampled learning curves and the q ↔ k swap change before and after training.
-``meta`` records the library version, git commit, hardware, torch version, device,
-thread count and wall time.
+The protocol, for every cell (a family, and the teacher or size where the task has one):
+
+1. **Tune**: train once per learning rate in ``cfg["lrs"]`` and tuning seed in
+   ``cfg["tune_seeds"]`` (seeds disjoint from the evaluation seeds); choose the learning
+   rate with the lowest mean validation loss. When that is the smallest or largest rate
+   tried, try one more past that edge (the grid's own ratio), up to
+   ``cfg["lr_extensions"]`` (default 2) times. The choice and every validation loss are
+   stored (``results["tuning"]``).
+2. **Evaluate**: train with the chosen rate for each evaluation seed 0 … n − 1, each run
+   stopping early when its validation loss stops improving (or at its step budget, which
+   the record says), and read the test split once at the best weights.
+
+Jobs are sharded by index over ``world`` workers (``rank`` takes jobs i with
+i mod world = rank): torchrun ranks (:mod:`.dist`) or independent parts of one grid
+(``part``) that share a folder of per-job records (``cache``). A part (or a resumed run)
+skips the jobs whose records are already in the folder, so a grid runs in pieces that
+merge. Each run records the rank and host that computed it.
+
+A results file is ``{"meta", "config", "tuning", "runs", "tune_runs"}``: ``runs`` holds
+the evaluation runs (cell, seed, lr, metrics, curves with at most 41 evaluations, swap
+changes), ``tune_runs`` the tuning runs without curves, ``meta`` the library
+version, git commit and whether the checkout had uncommitted changes, the versions of
+torch, numpy, scipy and scikit-learn, the hardware, the command, the wall time of this
+process and ``run_wall_s_total``, the sum of every run's own wall time (the honest cost
+of a grid assembled from cached records; ``runs_computed_here`` says how many runs this
+process trained itself).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import platform
+import socket
+import subprocess
 import time
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import torch
 
@@ -24,9 +48,11 @@ from .stats import mean_sd, paired_comparison
 from .tasks import get_task
 
 __all__ = ["run_grid", "run_cell", "rerun", "save_results", "load_results", "summary", "compare",
-           "values_by_seed", "cell_key"]
+           "values_by_seed", "cell_key", "choose_lr", "tuned_lr", "strip_provenance", "late_gain"]
 
 _CELL_FIELDS = ("teacher", "family", "m_kv")
+# Fields that say where and how fast a run was computed, not what it computed.
+_PROVENANCE = ("wall_s", "rank", "host")
 
 
 def cell_key(cell: dict) -> tuple:
@@ -34,14 +60,43 @@ def cell_key(cell: dict) -> tuple:
     return tuple((k, cell[k]) for k in _CELL_FIELDS if k in cell)
 
 
-# The code a process runs is the code it imported: record the commit at import time (the
-# checkout may move on while a long grid runs).
+def _cell(rec: dict) -> dict:
+    return {k: rec[k] for k in _CELL_FIELDS if k in rec}
+
+
+# The code a process runs is the code it imported: record the commit and the state of the
+# checkout at import time (the checkout may move on while a long grid runs).
+def _git_dirty() -> Optional[bool]:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        out = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True, timeout=10)
+        return bool(out.stdout.strip()) if out.returncode == 0 else None
+    except Exception:
+        return None
+
+
 _IMPORT_COMMIT = _git_commit() or "unknown"
+_IMPORT_DIRTY = _git_dirty()
+
+
+def _versions() -> dict:
+    import numpy
+    import scipy
+
+    v = {"torch": torch.__version__, "numpy": numpy.__version__, "scipy": scipy.__version__,
+         "python": platform.python_version()}
+    try:
+        import sklearn
+        v["scikit-learn"] = sklearn.__version__
+    except ImportError:
+        v["scikit-learn"] = None
+    return v
 
 
 def _hardware(device: torch.device) -> dict:
     hw = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-          "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+          "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "host": socket.gethostname()}
     if device.type == "cuda":
         hw["gpu"] = torch.cuda.get_device_name(device)
     return hw
@@ -69,60 +124,255 @@ def _resolve_device(device) -> torch.device:
     return dev
 
 
-def run_cell(task: str, cell: dict, seed: int, config: Optional[dict] = None, device="cpu") -> dict:
-    """Train one model of ``task`` for ``cell`` and ``seed``; returns its record.
+def run_cell(task: str, cell: dict, seed: int, config: Optional[dict] = None, device="cpu",
+             progress: Optional[str] = None) -> dict:
+    """Train one model of ``task`` for ``cell`` and ``seed`` at ``config["lr"]``; returns its record.
 
-    ``config`` overrides the task's defaults key by key.
+    ``config`` overrides the task's default config key by key.
     """
     t = get_task(task)
     cfg = {**t.defaults, **(config or {})}
+    if "lr" not in cfg:
+        raise ValueError("config must give the learning rate 'lr' (run_grid tunes it per cell)")
     dev = _resolve_device(device)
     start = time.perf_counter()
-    rec = t.run(cell, seed, cfg, dev)
-    return {**cell, "seed": seed, **rec, "wall_s": time.perf_counter() - start}
+    rec = t.run(cell, seed, cfg, dev, progress)
+    return {**cell, "seed": seed, "lr": cfg["lr"], **rec, "wall_s": time.perf_counter() - start,
+            "host": socket.gethostname()}
 
 
-def run_grid(task: str, seeds: Iterable[int] = range(5), config: Optional[dict] = None, device="cpu",
-             progress: bool = True, quick: bool = False, cells: Optional[list] = None) -> dict:
-    """Run every (cell, seed) of ``task``; returns the results dict (see the module docstring).
+def _next_lr(lr: float, factor: float) -> float:
+    return float(f"{lr * factor:.3g}")
 
-    ``quick`` starts from the task's tiny test config instead of its defaults; ``config``
-    overrides either; ``cells`` restricts the grid to the given cells.
+
+def choose_lr(tune_runs: list[dict], cell: dict, lrs: list) -> dict:
+    """The tuning row of ``cell``: mean validation loss per learning rate and the chosen one.
+
+    The chosen rate has the lowest mean validation loss over the tuning seeds (a diverged
+    run counts as +inf; ties go to the earlier rate in ``lrs``). ``at_edge`` says the
+    choice is the smallest or largest rate tried.
+    """
+    key = cell_key(cell)
+    by_lr = {}
+    for lr in lrs:
+        runs = [r for r in tune_runs if cell_key(r) == key and r["lr"] == lr]
+        if not runs:
+            raise KeyError(f"no tuning runs for {cell} at lr {lr}")
+        vals = [r["val_loss"] if not r.get("diverged") and math.isfinite(r["val_loss"]) else math.inf for r in runs]
+        by_lr[lr] = sum(vals) / len(vals)
+    best = min(lrs, key=lambda lr: (by_lr[lr], lrs.index(lr)))
+    return {**cell, "lr": best, "val_loss_by_lr": {repr(lr): v for lr, v in sorted(by_lr.items())},
+            "at_edge": best in (min(lrs), max(lrs)) and len(lrs) > 1}
+
+
+def _config_hash(task: str, cfg: dict) -> str:
+    blob = json.dumps({"task": task, "cfg": cfg}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _job_name(phase: str, cell: dict, lr: float, seed: int) -> str:
+    parts = [phase] + [str(v) for _, v in cell_key(cell)] + [f"lr{lr!r}", f"s{seed}"]
+    return "_".join(parts).replace("/", "-") + ".json"
+
+
+class _Exchange:
+    """How workers share records: alone, through torch.distributed, or through a folder."""
+
+    def __init__(self, rank: int, world: int, folder: Optional[Path], dist_group=None, poll_s: float = 20.0):
+        self.rank, self.world, self.folder, self.dist, self.poll_s = rank, world, folder, dist_group, poll_s
+        self.computed = 0       # runs this worker trained (the others came from the folder or other ranks)
+
+    def all_records(self, mine: dict, names: list[str], wait: bool = True) -> Optional[dict]:
+        """{job name: record} for every job in ``names``, gathered from all workers."""
+        if self.world == 1:
+            return mine
+        if self.dist is not None:
+            import torch.distributed as dist
+
+            gathered = [None] * self.world
+            dist.all_gather_object(gathered, mine)
+            out = {}
+            for part in gathered:
+                out.update(part)
+            return out
+        # independent parts: wait until every job's record is in the shared folder
+        announced = False
+        while True:
+            missing = [n for n in names if not (self.folder / n).exists()]
+            if not missing:
+                return {n: json.loads((self.folder / n).read_text()) for n in names}
+            if not wait:
+                return None
+            if not announced:
+                print(f"part {self.rank + 1}/{self.world}: waiting for {len(missing)} runs of the other parts "
+                      f"in {self.folder}", flush=True)
+                announced = True
+            time.sleep(self.poll_s)
+
+
+def _run_jobs(task, jobs, cfg_for, dev, exchange: _Exchange, folder: Optional[Path], bar, wait=True):
+    """Run this worker's share of ``jobs`` (name, cell, seed, lr), reusing stored records."""
+    mine = {}
+    for i, (name, cell, seed, lr) in enumerate(jobs):
+        if i % exchange.world != exchange.rank:
+            continue
+        path = folder / name if folder is not None else None
+        if path is not None and path.exists():
+            rec = json.loads(path.read_text())
+        else:
+            label = f"{' '.join(str(v) for _, v in cell_key(cell))} lr={lr:g} s{seed}"
+            rec = run_cell(task, cell, seed, {**cfg_for, "lr": lr}, dev, progress=label if bar is not None else None)
+            rec["rank"] = exchange.rank
+            exchange.computed += 1
+            if path is not None:
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(rec))
+                tmp.replace(path)
+        mine[name] = rec
+        if bar is not None:
+            bar.update(1)
+    return exchange.all_records(mine, [j[0] for j in jobs], wait=wait)
+
+
+def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[dict] = None, device="cpu",
+             progress: bool = True, quick: bool = False, size: Optional[str] = None, cells: Optional[list] = None,
+             cache: Optional[Path] = None, rank: int = 0, world: int = 1, dist_group=None,
+             poll_s: float = 20.0) -> Optional[dict]:
+    """Run the protocol of ``task`` (module docstring); returns the results dict on rank 0.
+
+    ``size`` picks one of the task's configs (default ``"default"``; ``quick=True`` is
+    ``size="quick"``); ``config`` overrides it key by key; ``seeds`` the evaluation seeds
+    (default ``range(cfg["seeds"])``); ``cells`` restricts the grid. ``cache``: a folder for
+    per-job records (resume, parts). ``rank``/``world``: this worker's share; with
+    ``dist_group`` (torch.distributed initialised) records are gathered collectively,
+    otherwise through ``cache``. Workers other than rank 0 return None.
     """
     t = get_task(task)
-    cfg = {**(t.quick if quick else t.defaults), **(config or {})}
-    dev = _resolve_device(device)
-    seeds = list(seeds)
+    size = "quick" if quick and size is None else (size or "default")
+    cfg = {**t.config(size), **(config or {})}
+    seeds = list(range(cfg["seeds"])) if seeds is None else list(seeds)
     if not seeds:
-        raise ValueError("seeds must not be empty")
+        raise ValueError("seeds must not be empty (at least one evaluation seed)")
+    if any(not isinstance(s, int) or s < 0 for s in seeds):
+        raise ValueError(f"seeds must be non-negative integers, got {seeds}")
+    lrs, tune_seeds = list(cfg["lrs"]), list(cfg["tune_seeds"])
+    if not lrs or not tune_seeds:
+        raise ValueError("the config needs at least one learning rate ('lrs') and one tuning seed ('tune_seeds')")
+    if set(tune_seeds) & set(seeds):
+        raise ValueError(f"tuning seeds {tune_seeds} must be disjoint from the evaluation seeds")
+    if not (0 <= rank < world):
+        raise ValueError(f"rank must be in [0, world), got rank {rank}, world {world}")
+    if world > 1 and dist_group is None and cache is None:
+        raise ValueError("independent parts (world > 1 without torch.distributed) need a shared cache folder")
+    dev = _resolve_device(device)
     grid = cells if cells is not None else t.cells(cfg)
-    jobs = [(c, s) for c in grid for s in seeds]
+    run_cfg = {k: v for k, v in cfg.items()
+               if k not in ("seeds", "lrs", "tune_seeds", "families", "teachers", "lr_extensions")}
+    folder = None
+    if cache is not None:
+        folder = Path(cache) / f"{task}-{size}-{_config_hash(task, run_cfg)}"
+        folder.mkdir(parents=True, exist_ok=True)
+    exchange = _Exchange(rank, world, folder, dist_group, poll_s)
+
     start = time.perf_counter()
+    tune_jobs = [(_job_name("tune", c, lr, s), c, s, lr) for c in grid for lr in lrs for s in tune_seeds]
+    n_eval = len(grid) * len(seeds)
     bar = None
     if progress:
         from tqdm.auto import tqdm
-        bar = tqdm(total=len(jobs), desc=task, unit="run")
-    runs = []
-    for cell, seed in jobs:
-        runs.append(run_cell(task, cell, seed, cfg, dev))
+        share = (len(tune_jobs) + n_eval + world - 1 - rank) // world
+        bar = tqdm(total=share, desc=f"{task} [{rank + 1}/{world}]" if world > 1 else task, unit="run",
+                   mininterval=5.0)
+    tune_recs = _run_jobs(task, tune_jobs, run_cfg, dev, exchange, folder, bar)
+    tune_runs = [tune_recs[j[0]] for j in tune_jobs]
+    cell_lrs = {cell_key(c): list(lrs) for c in grid}
+    tuning = [choose_lr(tune_runs, c, cell_lrs[cell_key(c)]) for c in grid]
+    # A best rate at the edge of the grid is not a tuned rate: extend the grid past that
+    # edge by the grid's own ratio, up to lr_extensions times.
+    factor = (max(lrs) / min(lrs)) ** (1 / (len(lrs) - 1)) if len(lrs) > 1 else 1.0
+    for _ in range(cfg.get("lr_extensions", 2) if len(lrs) > 1 else 0):
+        extra = []
+        for c, row in zip(grid, tuning):
+            tried = cell_lrs[cell_key(c)]
+            if row["at_edge"]:
+                new_lr = _next_lr(row["lr"], 1 / factor if row["lr"] == min(tried) else factor)
+                tried.append(new_lr)
+                extra += [(_job_name("tune", c, new_lr, s), c, s, new_lr) for s in tune_seeds]
+        if not extra:
+            break
         if bar is not None:
-            bar.update(1)
-            bar.set_postfix_str(f"{cell.get('family')} s{seed}")
+            bar.total += (len(extra) + world - 1 - rank) // world
+        more = _run_jobs(task, extra, run_cfg, dev, exchange, folder, bar)
+        tune_jobs += extra
+        tune_runs += [more[j[0]] for j in extra]
+        tuning = [choose_lr(tune_runs, c, cell_lrs[cell_key(c)]) for c in grid]
+    lr_of = {cell_key(row): row["lr"] for row in tuning}
+    # seed-major order: an interrupted grid has whole seeds of every cell, so it can be cut to
+    # fewer seeds without losing pairs
+    eval_jobs = [(_job_name("eval", c, lr_of[cell_key(c)], s), c, s, lr_of[cell_key(c)]) for s in seeds for c in grid]
+    eval_recs = _run_jobs(task, eval_jobs, run_cfg, dev, exchange, folder, bar, wait=(rank == 0))
     if bar is not None:
         bar.close()
+    if rank != 0:
+        return None
+    order = {cell_key(c): i for i, c in enumerate(grid)}
+    runs = sorted((eval_recs[j[0]] for j in eval_jobs), key=lambda r: (order[cell_key(r)], r["seed"]))
+    runs = [dict(_compact_curve(r), phase="eval") for r in runs]
+    tune_runs = [dict({k: v for k, v in r.items() if k != "curve"}, phase="tune") for r in tune_runs]
     meta = {
-        "task": task, "description": t.description, "metric": t.metric,
+        "task": task, "size": size, "description": t.description, "metric": t.metric,
         "higher_is_better": t.higher_is_better, "qkmlp_version": __version__,
-        "git_commit": _IMPORT_COMMIT, "torch_version": torch.__version__,
-        "python": platform.python_version(), "device": str(dev), "hardware": _hardware(dev),
-        "seeds": seeds, "wall_s": time.perf_counter() - start,
+        "git_commit": _IMPORT_COMMIT, "git_uncommitted_changes": _IMPORT_DIRTY, "versions": _versions(),
+        "torch_version": torch.__version__, "python": platform.python_version(), "device": str(dev),
+        "hardware": _hardware(dev), "seeds": seeds, "tune_seeds": tune_seeds, "lrs": lrs, "world_size": world,
+        "wall_s": time.perf_counter() - start, "run_wall_s_total": sum(r["wall_s"] for r in runs + tune_runs),
+        "runs_computed_here": exchange.computed,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    return {"meta": meta, "config": cfg, "runs": runs}
+    return {"meta": meta, "config": cfg, "tuning": tuning, "runs": runs, "tune_runs": tune_runs}
+
+
+def late_gain(steps: list, losses: list, last_frac: float = 0.2) -> float:
+    """How much the best validation loss improved during the last ``last_frac`` of a run's
+    steps: best before the cut − best after it, or 0 when the best came before."""
+    cut = steps[-1] * (1 - last_frac)
+    before = [v for s, v in zip(steps, losses) if s <= cut]
+    after = [v for s, v in zip(steps, losses) if s > cut]
+    return max(0.0, min(before) - min(after)) if after and before else 0.0
+
+
+def _compact_curve(rec: dict, n: int = 41) -> dict:
+    """The record with ``late_gain`` (from the full validation curve) and the curve
+    subsampled to at most n evaluations (first and last kept), so the stored file stays
+    small; the run itself is unchanged."""
+    from .train import _sub_index
+
+    curve = rec.get("curve")
+    if not curve:
+        return dict(rec)
+    out = {**rec, "late_gain": late_gain(curve["val_step"], curve["val_loss"])}
+    if len(curve["val_step"]) > n:
+        idx = _sub_index(len(curve["val_step"]), n)
+        out["curve"] = {**curve, "val_step": [curve["val_step"][i] for i in idx],
+                        "val_loss": [curve["val_loss"][i] for i in idx]}
+    return out
+
+
+def tuned_lr(results: dict, cell: dict) -> float:
+    """The learning rate the protocol chose for ``cell``."""
+    rows = [r for r in results["tuning"] if cell_key(r) == cell_key(cell)]
+    if len(rows) != 1:
+        raise KeyError(f"no tuning row for {cell}")
+    return rows[0]["lr"]
+
+
+def strip_provenance(run: dict) -> dict:
+    """A run without the fields that say where and how fast it ran (wall time, rank, host)."""
+    return {k: v for k, v in run.items() if k not in _PROVENANCE}
 
 
 def rerun(results: dict, cells: list, seeds: Iterable[int] = (0, 1), device="cpu") -> list[dict]:
-    """Run some stored (cell, seed) pairs again with the stored config and compare.
+    """Run some stored (cell, seed) pairs again with the stored config and tuned rate, and compare.
 
     Returns one row per pair: cell, seed, the task's metric live and stored, and
     ``rel_diff``, the larger relative difference of test_loss and the metric. Stored values
@@ -135,8 +385,9 @@ def rerun(results: dict, cells: list, seeds: Iterable[int] = (0, 1), device="cpu
             stored = [r for r in results["runs"] if r["seed"] == seed and all(r.get(k) == v for k, v in cell.items())]
             if len(stored) != 1:
                 raise KeyError(f"expected one stored run for {cell}, seed {seed}; found {len(stored)}")
-            live = run_cell(task, cell, seed, results["config"], device)
-            rel = max(abs(live[k] - stored[0][k]) / abs(stored[0][k]) for k in ("test_loss", metric))
+            cfg = {**results["config"], "lr": stored[0]["lr"]}
+            live = run_cell(task, cell, seed, cfg, device)
+            rel = max(abs(live[k] - stored[0][k]) / max(abs(stored[0][k]), 1e-12) for k in ("test_loss", metric))
             rows.append({"cell": cell, "seed": seed, "metric": metric, "live": live[metric],
                          "stored": stored[0][metric], "rel_diff": rel})
     return rows

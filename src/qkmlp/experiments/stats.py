@@ -6,13 +6,20 @@ differences d_i = a_i − b_i are summarised by their mean, a Student-t confiden
 and an exact two-sided sign test. With n = 5 seeds the smallest possible sign-test
 p-value is 2/2⁵ = 0.0625: the sign test alone can never reach 5 % at five seeds, which is
 why the t-interval is reported beside it.
+
+A chapter that makes many comparisons declares each prediction's *family* of tests and
+corrects their p-values with Holm's step-down method (:func:`holm`), which controls the
+probability of any false rejection in the family at α. :func:`detectable_difference`
+gives the smallest true mean difference a paired t-test of n seeds detects with a given
+power, from the observed spread of the differences: the honest "we could not have seen
+an effect smaller than this".
 """
 from __future__ import annotations
 
 import math
 from typing import Sequence
 
-__all__ = ["mean_sd", "sign_test", "t_interval", "paired_comparison"]
+__all__ = ["mean_sd", "sign_test", "t_interval", "t_test", "paired_comparison", "holm", "detectable_difference"]
 
 
 def _floats(values, name: str) -> list[float]:
@@ -66,12 +73,84 @@ def t_interval(diffs: Sequence[float], level: float = 0.95) -> tuple[float, floa
     return mu - half, mu + half
 
 
+def t_test(diffs: Sequence[float]) -> float:
+    """Two-sided one-sample t-test p-value for mean(diffs) = 0 (the paired t-test).
+
+    All-zero differences give 1.0; differences with zero spread but a non-zero mean give 0.0.
+    """
+    from scipy.stats import t as student_t
+
+    d = _floats(diffs, "diffs")
+    if len(d) < 2:
+        raise ValueError(f"a t-test needs at least 2 paired differences, got {len(d)}")
+    mu, sd = mean_sd(d)
+    if sd == 0.0:
+        return 1.0 if mu == 0.0 else 0.0
+    t = mu / (sd / math.sqrt(len(d)))
+    return float(min(1.0, 2 * student_t.sf(abs(t), df=len(d) - 1)))
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-adjusted p-values, in the input order.
+
+    Sort p ascending; the i-th smallest (i = 0, 1, ...) is multiplied by (m − i), the
+    results are made non-decreasing in that order and capped at 1. Rejecting where the
+    adjusted p < α controls the family-wise error rate at α.
+    """
+    p = _floats(pvalues, "pvalues")
+    if any(not 0.0 <= x <= 1.0 for x in p):
+        raise ValueError(f"p-values must lie in [0, 1], got {p}")
+    m = len(p)
+    order = sorted(range(m), key=lambda i: p[i])
+    out = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def detectable_difference(sd_diff: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Smallest true mean difference a two-sided paired t-test at level ``alpha`` detects with
+    probability ``power``, for n pairs whose differences have standard deviation ``sd_diff``.
+
+    Solves P(|T| > t_{1−α/2, n−1}) = power for the non-central t with non-centrality
+    δ√n/sd_diff (exact, not the normal approximation).
+    """
+    from scipy.optimize import brentq
+    from scipy.stats import nct
+    from scipy.stats import t as student_t
+
+    if not (isinstance(n, int) and n >= 2):
+        raise ValueError(f"n must be an integer >= 2, got {n!r}")
+    if not (math.isfinite(sd_diff) and sd_diff >= 0):
+        raise ValueError(f"sd_diff must be finite and >= 0, got {sd_diff!r}")
+    for v, name in ((alpha, "alpha"), (power, "power")):
+        if not 0 < v < 1:
+            raise ValueError(f"{name} must be in (0, 1), got {v!r}")
+    if sd_diff == 0.0:
+        return 0.0
+    df = n - 1
+    crit = float(student_t.ppf(1 - alpha / 2, df))
+
+    def gap(nc):
+        upper = float(nct.sf(crit, df, nc))
+        lower = float(nct.cdf(-crit, df, nc))   # scipy returns nan when this tail underflows
+        return upper + (lower if math.isfinite(lower) else 0.0) - power
+
+    hi = crit + 4.0
+    while gap(hi) < 0:          # power grows with the non-centrality; widen until it passes
+        hi *= 2
+    nc = brentq(gap, 0.0, hi)
+    return nc * sd_diff / math.sqrt(n)
+
+
 def paired_comparison(a: Sequence[float], b: Sequence[float], level: float = 0.95) -> dict:
     """Compare metric lists ``a`` and ``b`` paired by seed (same order, same length).
 
     Returns ``n``, ``mean_diff`` (a − b), ``sd_diff``, ``ci`` (t-interval), ``wins``
     (seeds with a > b), ``losses``, ``sign_p`` and ``significant`` (the t-interval
-    excludes 0).
+    excludes 0), ``t_p``, the two-sided paired t-test p-value (uncorrected), and ``diffs``.
     """
     a, b = _floats(a, "a"), _floats(b, "b")
     if len(a) != len(b):
@@ -87,5 +166,7 @@ def paired_comparison(a: Sequence[float], b: Sequence[float], level: float = 0.9
         "wins": sum(1 for x in diffs if x > 0),
         "losses": sum(1 for x in diffs if x < 0),
         "sign_p": sign_test(diffs),
+        "t_p": t_test(diffs),
+        "diffs": diffs,
         "significant": bool(lo > 0 or hi < 0),
     }

@@ -1,20 +1,24 @@
-"""The four tasks: data generators, the tiny transformer, and one training run per cell.
+"""The tasks: data generators, the tiny transformer, and one training run per cell.
 
-Every task is a :class:`Task` with a default config, the grid of cells it runs
-(``cells(cfg)``: one dict per cell, always with a ``"family"`` key) and ``run(cell,
-seed, cfg, device)``, which trains one model and returns one JSON-ready record. The seed
-fixes everything: the data (split, teacher, fact table), the initial weights (built on
-the CPU, then moved, so CPU and CUDA start from the same weights) and the minibatches.
+Every task is a :class:`Task` with configs by size (``"default"`` is the stored grid,
+``"quick"`` a tiny one for tests), the grid of cells it runs (``cells(cfg)``: one dict per
+cell, always with a ``"family"`` key) and ``run(cell, seed, cfg, device, progress)``,
+which trains one model at ``cfg["lr"]`` with early stopping on a validation split
+(:func:`qkmlp.experiments.train.train`), evaluates the test split once and returns one
+JSON-ready record. The seed fixes everything: the data (split, teacher, fact table), the
+initial weights (built on the CPU, then moved, so CPU and CUDA start from the same
+weights) and the minibatches.
 
-Tasks (all data generated or bundled, no downloads):
+Tasks (all data generated, bundled or fetched at install time; no downloads at run time):
 
 - ``digits``: scikit-learn's bundled 8×8 digits, 10 classes; the layer maps the 64
   pixels straight to 10 logits.
 - ``digits_bias``: the same with a constant 1 appended to the pixels. Without it the
   symmetric forms σ((x·q)(x·k)) are even functions of x (f(−x) = f(x)); the constant
   coordinate lifts that restriction, which separates parity from the q ↔ k exchange.
-- ``modadd``: a + b mod p from one-hot(a) ⊕ one-hot(b) to p logits, 70 % of the p² pairs
-  for training (the grokking set-up of Power et al. 2022, at a small scale: 70 % of the pairs, AdamW).
+- ``modadd``: a + b mod p from one-hot(a) ⊕ one-hot(b) to p logits, the pairs split
+  60/20/20 (the grokking set-up of Power et al. 2022 at a small scale, AdamW with
+  weight decay 1).
 - ``teacher``: regression on Gaussian inputs where the target is a randomly initialised
   layer of one family (the teacher) and every family in turn is the student.
 - ``recall``: a one-block transformer that must recall a fact f(subject, relation) from
@@ -22,6 +26,8 @@ Tasks (all data generated or bundled, no downloads):
   tokens. Attention has to gather the two tokens and, because the readout of a sum of
   two embeddings is additive, only the feed-forward block can store the table. Only
   the feed-forward block changes between families.
+- ``lm``: a character-level transformer language model on Shakespeare's plays
+  (:mod:`.lm`, :mod:`.corpus`).
 """
 from __future__ import annotations
 
@@ -35,24 +41,17 @@ import torch.nn.functional as F
 
 from ..costs import parameter_count
 from ..symmetry import relative_change, swapped
-from ..training import fit
-from .families import family_names, get_family, kv_budget, make_layer
+from . import lm as _lm
+from .families import family_names, kv_budget, make_layer
+from .train import train
 
 __all__ = [
     "Task", "TASKS", "get_task", "digits_data", "modadd_data", "teacher_data", "parity_floor", "recall_data",
-    "TinyTransformer",
+    "TinyTransformer", "TOY_FAMILIES", "SLOW_TOY_FAMILIES", "RANK2_FAMILIES", "LM_FAMILIES",
 ]
 
 
 # --- small helpers -------------------------------------------------------------------
-
-def _sub(values, n: int) -> list[float]:
-    """At most n roughly evenly spaced entries of values, always keeping the last."""
-    if len(values) <= n:
-        return list(values)
-    idx = sorted({round(i * (len(values) - 1) / (n - 1)) for i in range(n)})
-    return [values[i] for i in idx]
-
 
 def _swap_change(layer: nn.Module, x: torch.Tensor):
     """relative_change(layer, swapped(layer), x) for factored layers, else None."""
@@ -72,53 +71,48 @@ def _accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
     return float((logits.argmax(-1) == y).float().mean())
 
 
-def _train_and_eval(model, ffn, xtr, ytr, xte, yte, ffn_inputs, cfg, seed, loss):
-    """Train ``model`` with :func:`qkmlp.training.fit`; return metrics, curves, swap change.
+def _split3(n: int, fracs, seed: int):
+    """A random partition of range(n) into train / validation / test index tensors."""
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    n_va, n_te = int(round(fracs[1] * n)), int(round(fracs[2] * n))
+    if min(n_va, n_te, n - n_va - n_te) < 1:
+        raise ValueError(f"fractions {fracs} leave an empty split of {n} examples")
+    return perm[n_va + n_te:], perm[:n_va], perm[n_va:n_va + n_te]
 
-    ``ffn`` is the compared layer inside ``model``; ``ffn_inputs()`` returns the inputs it
-    sees on the test set (for the swap measurement).
+
+def _fit_eval(model, ffn, data, ffn_inputs, cfg, seed, loss, progress):
+    """Train ``model`` with early stopping on the validation split; evaluate the test split once.
+
+    ``data`` = (x_train, y_train, x_val, y_val, x_test, y_test); ``ffn`` is the compared
+    layer inside ``model`` and ``ffn_inputs()`` what it sees on the test inputs (for the
+    swap measurement). Minibatches of ``cfg["batch_size"]`` (None: full batch).
     """
+    xtr, ytr, xva, yva, xte, yte = data
+    loss_f = F.cross_entropy if loss == "cross_entropy" else F.mse_loss
     swap_init = _swap_change(ffn, ffn_inputs())
     norms_init = _qk_norms(ffn)
-    eval_every = max(1, cfg["steps"] // cfg.get("n_evals", 10))
-    curve_steps, curve_metric = [], []
+    bs = cfg.get("batch_size")
 
-    def evaluate():
-        with torch.no_grad():
-            out = model(xte)
-            if loss == "cross_entropy":
-                return _accuracy(out, yte), float(F.cross_entropy(out, yte))
-            return None, float(F.mse_loss(out, yte))
+    def batch(step, gen):
+        if bs is None or bs >= len(xtr):
+            return xtr, ytr
+        idx = torch.randint(0, len(xtr), (bs,), generator=gen).to(xtr.device)
+        return xtr[idx], ytr[idx]
 
-    def callback(step, _model, _loss):
-        if (step + 1) % eval_every == 0 or step == 0:
-            acc, lval = evaluate()
-            curve_steps.append(step + 1)
-            curve_metric.append(acc if acc is not None else lval)
-
-    history = fit(
-        model, xtr, ytr, steps=cfg["steps"], lr=cfg["lr"], loss=loss,
-        optimizer=cfg.get("optimizer", "adam"), weight_decay=cfg.get("weight_decay", 0.0),
-        batch_size=cfg.get("batch_size"), seed=seed, callback=callback,
-    )
-    acc, test_loss = evaluate()
-    rec = {
-        "train_loss": history[-1],
-        "test_loss": test_loss,
-        "curve": {
-            "step": curve_steps,
-            "test": curve_metric,
-            "train_loss_step": _sub(list(range(1, len(history) + 1)), cfg.get("n_curve", 25)),
-            "train_loss": _sub(history, cfg.get("n_curve", 25)),
-        },
-        "swap_init": swap_init,
-        "swap_trained": _swap_change(ffn, ffn_inputs()),
-        "qk_norm_init": norms_init,
-        "qk_norm_trained": _qk_norms(ffn),
-    }
-    if acc is not None:
-        rec["test_acc"] = acc
-        rec["train_acc"] = _accuracy(model(xtr), ytr) if xtr.shape[0] <= 20000 else None
+    rec = train(model, batch, lambda m, b: loss_f(m(b[0]), b[1]), lambda m: loss_f(m(xva), yva),
+                lr=cfg["lr"], max_steps=cfg["max_steps"], eval_every=cfg["eval_every"], patience=cfg["patience"],
+                seed=seed, optimizer=cfg.get("optimizer", "adam"), weight_decay=cfg.get("weight_decay", 0.0),
+                progress=progress)
+    with torch.no_grad():
+        out_va, out_te = model(xva), model(xte)          # the test split, read once
+        rec["val_loss"] = float(loss_f(out_va, yva))
+        rec["test_loss"] = float(loss_f(out_te, yte))
+        if loss == "cross_entropy":
+            rec["val_acc"] = _accuracy(out_va, yva)
+            rec["test_acc"] = _accuracy(out_te, yte)
+            rec["train_acc"] = _accuracy(model(xtr), ytr) if len(xtr) <= 20000 else None
+    rec.update(swap_init=swap_init, swap_trained=_swap_change(ffn, ffn_inputs()),
+               qk_norm_init=norms_init, qk_norm_trained=_qk_norms(ffn))
     return rec
 
 
@@ -132,129 +126,144 @@ def _build(family, d_in, d_out, budget, seed, device):
 
 @dataclass
 class Task:
-    """A task: its name, default config, the cells of its grid and a run function."""
+    """A task: its name, configs by size, the cells of its grid and a run function.
+
+    ``sizes`` maps a size name to a config; ``"default"`` is the stored grid and
+    ``"quick"`` a tiny one for tests. Every config holds the protocol: ``lrs`` (the
+    learning rates tried per cell), ``tune_seeds`` (seeds of the tuning runs, disjoint
+    from the evaluation seeds), ``seeds`` (number of evaluation seeds) and the early
+    stopping settings. ``run(cell, seed, cfg, device, progress)`` trains one model at
+    ``cfg["lr"]`` and returns its record with ``val_loss`` and ``test_loss``.
+    """
 
     name: str
-    defaults: dict
-    quick: dict
+    sizes: dict
     cells: Callable[[dict], list]
     run: Callable[..., dict]
     metric: str
     higher_is_better: bool
     description: str = ""
 
+    @property
+    def defaults(self) -> dict:
+        return self.sizes["default"]
 
-def digits_data(seed: int, test_frac: float = 0.3, device="cpu", bias: bool = False):
+    @property
+    def quick(self) -> dict:
+        return self.sizes["quick"]
+
+    def config(self, size: str = "default") -> dict:
+        if size not in self.sizes:
+            raise ValueError(f"task {self.name!r} has sizes {', '.join(self.sizes)}; got {size!r}")
+        return dict(self.sizes[size])
+
+
+def digits_data(seed: int, fracs=(0.6, 0.2, 0.2), device="cpu", bias: bool = False):
     """scikit-learn's digits, pixels scaled to [0, 1] and centred on the training mean.
 
-    Returns x_train (N, 64), y_train (N,), x_test, y_test; the split depends on ``seed``.
-    With ``bias=True`` a constant 1 is appended to every input (width 65): the layers
-    have no biases, and this is how they get one.
+    Returns x_train (N, 64), y_train (N,), x_val, y_val, x_test, y_test; the split (train,
+    validation, test fractions ``fracs``) depends on ``seed``. With ``bias=True`` a
+    constant 1 is appended to every input (width 65): the layers have no biases, and this
+    is how they get one.
     """
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
     x = torch.tensor(bunch.data, dtype=torch.float32) / 16.0
     y = torch.tensor(bunch.target, dtype=torch.long)
-    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
-    n_test = int(round(test_frac * len(y)))
-    te, tr = perm[:n_test], perm[n_test:]
-    mu = x[tr].mean(0)
-    x = x - mu
+    tr, va, te = _split3(len(y), fracs, seed)
+    x = x - x[tr].mean(0)
     if bias:
         x = torch.cat([x, torch.ones(len(x), 1)], dim=1)
-    return x[tr].to(device), y[tr].to(device), x[te].to(device), y[te].to(device)
+    return tuple(t.to(device) for t in (x[tr], y[tr], x[va], y[va], x[te], y[te]))
 
 
-def _digits_cells(cfg):
+def _family_cells(cfg):
     return [{"family": f} for f in cfg["families"]]
 
 
-def _digits_run(cell, seed, cfg, device):
-    xtr, ytr, xte, yte = digits_data(seed, cfg["test_frac"], device, bias=cfg.get("bias", False))
-    d_in = xtr.shape[1]
+def _digits_run(cell, seed, cfg, device, progress=None):
+    data = digits_data(seed, cfg["fracs"], device, bias=cfg.get("bias", False))
+    d_in = data[0].shape[1]
     budget = kv_budget(d_in, 10, cfg["m_kv"])
     layer = _build(cell["family"], d_in, 10, budget, 1000 + seed, device)
-    rec = _train_and_eval(layer, layer, xtr, ytr, xte, yte, lambda: xte, cfg, seed, "cross_entropy")
+    rec = _fit_eval(layer, layer, data, lambda: data[4], cfg, seed, "cross_entropy", progress)
     rec.update(params=parameter_count(layer), d_hidden=layer.d_hidden)
     return rec
 
 
-def modadd_data(p: int, train_frac: float, seed: int, device="cpu"):
+def modadd_data(p: int, fracs, seed: int, device="cpu"):
     """All p² pairs (a, b) as one-hot(a) ⊕ one-hot(b) (width 2p), label (a + b) mod p.
 
-    Returns x_train, y_train, x_test, y_test; a fraction ``train_frac`` of the pairs,
-    chosen by ``seed``, is for training.
+    Returns x_train, y_train, x_val, y_val, x_test, y_test: a random partition of the
+    pairs (chosen by ``seed``) with fractions ``fracs`` = (train, validation, test).
     """
     if not (isinstance(p, int) and p >= 2):
         raise ValueError(f"p must be an integer >= 2, got {p!r}")
-    if not 0 < train_frac < 1:
-        raise ValueError(f"train_frac must be in (0, 1), got {train_frac!r}")
     a = torch.arange(p).repeat_interleave(p)
     b = torch.arange(p).repeat(p)
     x = torch.cat([F.one_hot(a, p), F.one_hot(b, p)], dim=1).float()
     y = (a + b) % p
-    perm = torch.randperm(p * p, generator=torch.Generator().manual_seed(seed))
-    n_tr = int(round(train_frac * p * p))
-    tr, te = perm[:n_tr], perm[n_tr:]
-    return x[tr].to(device), y[tr].to(device), x[te].to(device), y[te].to(device)
+    tr, va, te = _split3(p * p, fracs, seed)
+    return tuple(t.to(device) for t in (x[tr], y[tr], x[va], y[va], x[te], y[te]))
 
 
-def _modadd_run(cell, seed, cfg, device):
+def _modadd_run(cell, seed, cfg, device, progress=None):
     p = cfg["p"]
-    xtr, ytr, xte, yte = modadd_data(p, cfg["train_frac"], seed, device)
+    data = modadd_data(p, cfg["fracs"], seed, device)
     budget = kv_budget(2 * p, p, cfg["m_kv"])
     layer = _build(cell["family"], 2 * p, p, budget, 1000 + seed, device)
-    rec = _train_and_eval(layer, layer, xtr, ytr, xte, yte, lambda: xte, cfg, seed, "cross_entropy")
+    rec = _fit_eval(layer, layer, data, lambda: data[4], cfg, seed, "cross_entropy", progress)
     rec.update(params=parameter_count(layer), d_hidden=layer.d_hidden)
     return rec
 
 
 @torch.no_grad()
-def teacher_data(teacher_family, d: int, m_kv: int, n_train: int, n_test: int, seed: int, device="cpu"):
+def teacher_data(teacher_family, d: int, m_kv: int, sizes, seed: int, device="cpu"):
     """Gaussian inputs (N, d) and targets from a random teacher of ``teacher_family``.
 
-    The teacher is built at the same parameter budget as the students; its outputs are
-    divided by their standard deviation on the training inputs, so a student that
-    predicts 0 has test MSE ≈ 1 whatever the teacher.
+    ``sizes`` = (n_train, n_val, n_test). The teacher is built at the same parameter
+    budget as the students; its outputs are divided by their standard deviation on the
+    training inputs, so a student that predicts 0 has test MSE ≈ 1 whatever the teacher.
+    Returns x_train, y_train, x_val, y_val, x_test, y_test.
     """
-    x, teacher, scale = _teacher(teacher_family, d, m_kv, n_train, n_test, seed)
+    x, teacher, scale = _teacher(teacher_family, d, m_kv, sizes, seed)
     y = teacher(x) / scale
-    return (x[:n_train].to(device), y[:n_train].to(device),
-            x[n_train:].to(device), y[n_train:].to(device))
+    a, b = sizes[0], sizes[0] + sizes[1]
+    return tuple(t.to(device) for t in (x[:a], y[:a], x[a:b], y[a:b], x[b:], y[b:]))
 
 
-def _teacher(teacher_family, d, m_kv, n_train, n_test, seed):
+def _teacher(teacher_family, d, m_kv, sizes, seed):
     gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(n_train + n_test, d, generator=gen)
+    x = torch.randn(sum(sizes), d, generator=gen)
     torch.manual_seed(2000 + seed)
     teacher = make_layer(teacher_family, d, d, kv_budget(d, d, m_kv))
-    return x, teacher, teacher(x)[:n_train].std()
+    return x, teacher, teacher(x)[:sizes[0]].std()
 
 
 @torch.no_grad()
-def parity_floor(teacher_family, d: int, m_kv: int, n_train: int, n_test: int, seed: int) -> float:
+def parity_floor(teacher_family, d: int, m_kv: int, sizes, seed: int) -> float:
     """Mean squared odd part of the (normalised) teacher on the test inputs.
 
     The odd part is (f(x) − f(−x))/2. A student that is an even function of x (every
     symmetric form without a constant input coordinate) cannot fit it: for inputs
     distributed symmetrically about 0 its expected MSE is at least this number.
     """
-    x, teacher, scale = _teacher(teacher_family, d, m_kv, n_train, n_test, seed)
-    xt = x[n_train:]
+    x, teacher, scale = _teacher(teacher_family, d, m_kv, sizes, seed)
+    xt = x[sizes[0] + sizes[1]:]
     odd = (teacher(xt) - teacher(-xt)) / (2 * scale)
     return float(odd.pow(2).mean())
 
 
 def _teacher_cells(cfg):
-    return [{"teacher": t, "family": s} for t in cfg["families"] for s in cfg["families"]]
+    return [{"teacher": t, "family": s} for t in cfg["teachers"] for s in cfg["families"]]
 
 
-def _teacher_run(cell, seed, cfg, device):
+def _teacher_run(cell, seed, cfg, device, progress=None):
     d = cfg["d"]
-    xtr, ytr, xte, yte = teacher_data(cell["teacher"], d, cfg["m_kv"], cfg["n_train"], cfg["n_test"], seed, device)
+    data = teacher_data(cell["teacher"], d, cfg["m_kv"], cfg["n"], seed, device)
     layer = _build(cell["family"], d, d, kv_budget(d, d, cfg["m_kv"]), 1000 + seed, device)
-    rec = _train_and_eval(layer, layer, xtr, ytr, xte, yte, lambda: xte, cfg, seed, "mse")
+    rec = _fit_eval(layer, layer, data, lambda: data[4], cfg, seed, "mse", progress)
     rec.update(params=parameter_count(layer), d_hidden=layer.d_hidden)
     return rec
 
@@ -329,24 +338,23 @@ class TinyTransformer(nn.Module):
 
 
 def _recall_cells(cfg):
-    """Every family at every size in ``sizes``; rank > 1 families only at ``rank_r_sizes``."""
-    rank_r_sizes = cfg.get("rank_r_sizes", cfg["sizes"])
-    return [{"family": f, "m_kv": m} for m in cfg["sizes"] for f in cfg["families"]
-            if get_family(f).rank == 1 or m in rank_r_sizes]
+    """Every family at every size in ``sizes``."""
+    return [{"family": f, "m_kv": m} for m in cfg["sizes"] for f in cfg["families"]]
 
 
-def _recall_run(cell, seed, cfg, device):
+def _recall_run(cell, seed, cfg, device, progress=None):
     S, R, V, Fi, L, d = (cfg[k] for k in ("n_subjects", "n_relations", "n_values", "n_filler", "seq_len", "d"))
     table = torch.randint(0, V, (S, R), generator=torch.Generator().manual_seed(seed))
     xtr, ytr = recall_data(S, R, V, Fi, L, cfg["n_train"], table, seed=10_000 + seed)
+    xva, yva = recall_data(S, R, V, Fi, L, cfg["n_val"], table, seed=30_000 + seed)
     xte, yte = recall_data(S, R, V, Fi, L, cfg["n_test"], table, seed=20_000 + seed)
-    xtr, ytr, xte, yte = (t.to(device) for t in (xtr, ytr, xte, yte))
+    data = tuple(t.to(device) for t in (xtr, ytr, xva, yva, xte, yte))
     torch.manual_seed(1000 + seed)
     ffn = make_layer(cell["family"], d, d, kv_budget(d, d, cell["m_kv"]))
     torch.manual_seed(3000 + seed)     # the rest of the model starts identical across families
     model = TinyTransformer(S + R + Fi + 1, L, d, V, ffn).to(device)
-    rec = _train_and_eval(model, model.ffn, xtr, ytr, xte, yte,
-                          lambda: model.ffn_inputs(xte).detach(), cfg, seed, "cross_entropy")
+    rec = _fit_eval(model, model.ffn, data, lambda: model.ffn_inputs(data[4]).detach(), cfg, seed,
+                    "cross_entropy", progress)
     rec.update(params=parameter_count(model.ffn), model_params=parameter_count(model),
                d_hidden=model.ffn.d_hidden)
     return rec
@@ -354,50 +362,87 @@ def _recall_run(cell, seed, cfg, device):
 
 # --- registry ---------------------------------------------------------------------------
 
-_ALL = family_names()
-_R1 = family_names(max_rank=1)
+# The toy grids: the key-value baseline, the three rank-1 forms (gated, symmetrised gated,
+# symmetric) for three σ, and the identity control (sym1-identity and gated1-identity are
+# the same function with the same initial weights, so they must agree run by run). The
+# slower tasks keep two σ (SiLU, the smooth gate of SwiGLU; ReLU, the homogeneous one);
+# the transformer task adds rank 2.
+TOY_FAMILIES = ["kv-relu",
+                "gated1-silu", "gated1-gelu", "gated1-relu", "gated1-identity",
+                "symgated1-silu", "symgated1-gelu", "symgated1-relu",
+                "sym1-silu", "sym1-gelu", "sym1-relu", "sym1-identity"]
+SLOW_TOY_FAMILIES = ["kv-relu", "gated1-silu", "gated1-relu", "gated1-identity",
+                     "symgated1-silu", "symgated1-relu", "sym1-silu", "sym1-relu", "sym1-identity"]
+RANK2_FAMILIES = ["gated2-silu", "symgated2-silu", "sym2-silu"]
+# Shazeer's Table 1 rows, then the controls.
+LM_FAMILIES = ["kv-relu", "kv-gelu", "kv-silu", "gated1-sigmoid", "gated1-identity", "gated1-gelu", "gated1-silu",
+               "gated1-relu", "symgated1-silu", "sym1-silu", "gated2-silu"]
+_Q2 = ["kv-relu", "gated1-silu"]
+
+_QUICK_PROTOCOL = dict(lrs=[3e-3, 1e-2], tune_seeds=[100], seeds=2, max_steps=30, eval_every=5, patience=3)
 
 TASKS: dict[str, Task] = {
     "digits": Task(
         "digits",
-        defaults=dict(families=_ALL, m_kv=28, steps=400, lr=1e-2, test_frac=0.3, n_evals=10),
-        quick=dict(families=["kv-relu", "gated1-silu"], m_kv=16, steps=20, lr=1e-2, test_frac=0.3, n_evals=4),
-        cells=_digits_cells, run=_digits_run, metric="test_acc", higher_is_better=True,
+        sizes={"default": dict(families=TOY_FAMILIES, m_kv=28, fracs=[0.6, 0.2, 0.2], lrs=[3e-3, 1e-2, 3e-2],
+                               tune_seeds=[100], seeds=10, max_steps=3000, eval_every=25, patience=20),
+               "quick": dict(families=_Q2, m_kv=16, fracs=[0.6, 0.2, 0.2], **_QUICK_PROTOCOL)},
+        cells=_family_cells, run=_digits_run, metric="test_acc", higher_is_better=True,
         description="digits classification, 64 pixels -> 10 logits, full-batch Adam",
     ),
     "digits_bias": Task(
         "digits_bias",
-        defaults=dict(families=_ALL, m_kv=28, steps=400, lr=1e-2, test_frac=0.3, n_evals=10, bias=True),
-        quick=dict(families=["sym1-silu", "gated1-silu"], m_kv=16, steps=20, lr=1e-2, test_frac=0.3, n_evals=4,
-                   bias=True),
-        cells=_digits_cells, run=_digits_run, metric="test_acc", higher_is_better=True,
+        sizes={"default": dict(families=TOY_FAMILIES, m_kv=28, fracs=[0.6, 0.2, 0.2], lrs=[3e-3, 1e-2, 3e-2],
+                               tune_seeds=[100], seeds=10, max_steps=3000, eval_every=25, patience=20,
+                               bias=True),
+               "quick": dict(families=["sym1-silu", "gated1-silu"], m_kv=16, fracs=[0.6, 0.2, 0.2], bias=True,
+                             **_QUICK_PROTOCOL)},
+        cells=_family_cells, run=_digits_run, metric="test_acc", higher_is_better=True,
         description="digits with a constant input coordinate (a bias), otherwise as digits",
     ),
     "modadd": Task(
         "modadd",
-        defaults=dict(families=_ALL, p=23, train_frac=0.7, m_kv=64, steps=3000, lr=1e-2,
-                      optimizer="adamw", weight_decay=1.0, n_evals=15),
-        quick=dict(families=["kv-relu", "gated1-silu"], p=7, train_frac=0.5, m_kv=16, steps=20, lr=1e-2,
-                   optimizer="adamw", weight_decay=0.1, n_evals=4),
-        cells=_digits_cells, run=_modadd_run, metric="test_acc", higher_is_better=True,
-        description="a + b mod p, one-hot inputs, 70 % of the pairs for training, AdamW",
+        sizes={"default": dict(families=SLOW_TOY_FAMILIES, p=23, fracs=[0.6, 0.2, 0.2], m_kv=64,
+                               lrs=[3e-3, 1e-2, 3e-2], tune_seeds=[100], seeds=10, max_steps=8000, eval_every=100,
+                               patience=30,
+                               optimizer="adamw", weight_decay=1.0),
+               "quick": dict(families=_Q2, p=7, fracs=[0.5, 0.25, 0.25], m_kv=16, optimizer="adamw",
+                             weight_decay=0.1, **_QUICK_PROTOCOL)},
+        cells=_family_cells, run=_modadd_run, metric="test_acc", higher_is_better=True,
+        description="a + b mod p, one-hot inputs, pairs split 60/20/20, full-batch AdamW",
     ),
     "teacher": Task(
         "teacher",
-        defaults=dict(families=_R1, d=16, m_kv=32, n_train=1024, n_test=1024, steps=400, lr=1e-2, n_evals=8, n_curve=12),
-        quick=dict(families=["kv-relu", "gated1-silu"], d=4, m_kv=4, n_train=64, n_test=64, steps=20, lr=1e-2, n_evals=4),
+        sizes={"default": dict(teachers=["kv-relu", "gated1-silu", "symgated1-silu"],
+                               families=SLOW_TOY_FAMILIES[:-1],
+                               d=16, m_kv=32, n=[1024, 512, 1024], lrs=[3e-3, 1e-2, 3e-2], tune_seeds=[100],
+                               seeds=10, max_steps=4000, eval_every=25, patience=20),
+               "quick": dict(teachers=["kv-relu"], families=_Q2, d=4, m_kv=4, n=[64, 32, 64], **_QUICK_PROTOCOL)},
         cells=_teacher_cells, run=_teacher_run, metric="test_loss", higher_is_better=False,
         description="teacher-student regression, Gaussian inputs, normalised targets, full-batch Adam",
     ),
     "recall": Task(
         "recall",
-        defaults=dict(families=_ALL, sizes=[6, 12, 24], rank_r_sizes=[12], n_subjects=64, n_relations=8, n_values=32,
-                      n_filler=16, seq_len=6, d=32, n_train=8192, n_test=2048, steps=1000,
-                      batch_size=128, lr=5e-3, n_evals=10),
-        quick=dict(families=["kv-relu", "gated1-silu"], sizes=[4], n_subjects=4, n_relations=2, n_values=4,
-                   n_filler=3, seq_len=4, d=8, n_train=64, n_test=32, steps=20, batch_size=16, lr=1e-2, n_evals=4),
+        sizes={"default": dict(families=SLOW_TOY_FAMILIES + RANK2_FAMILIES[:2], sizes=[12], n_subjects=64,
+                               n_relations=8, n_values=32, n_filler=16, seq_len=6, d=32, n_train=8192, n_val=2048,
+                               n_test=2048, batch_size=128, lrs=[2.5e-3, 5e-3, 1e-2], tune_seeds=[100], seeds=10,
+                               max_steps=5000, eval_every=100, patience=10),
+               "quick": dict(families=_Q2, sizes=[4], n_subjects=4, n_relations=2, n_values=4, n_filler=3,
+                             seq_len=4, d=8, n_train=64, n_val=32, n_test=32, batch_size=16, **_QUICK_PROTOCOL)},
         cells=_recall_cells, run=_recall_run, metric="test_acc", higher_is_better=True,
         description="one-block transformer recalling facts f(subject, relation); only the FFN changes",
+    ),
+    "lm": Task(
+        "lm",
+        sizes={"default": dict(families=LM_FAMILIES, tune_seeds=[100], seeds=10, **_lm.SIZES["cpu"]),
+               "quick": dict(families=_Q2, tune_seeds=[100], seeds=2,
+                             **{**_lm.SIZES["excerpt"], "max_steps": 12, "eval_every": 4, "val_windows": 8}),
+               "excerpt": dict(families=["kv-relu", "gated1-silu", "symgated1-silu", "sym1-silu"], tune_seeds=[100],
+                               seeds=3, **_lm.SIZES["excerpt"]),
+               "gpu": dict(families=LM_FAMILIES, tune_seeds=[100, 101], seeds=10, **_lm.SIZES["gpu"])},
+        cells=_family_cells, run=_lm.lm_run, metric="test_loss", higher_is_better=False,
+        description="character-level language model on Shakespeare's plays (split by play); "
+                    "only the feed-forward blocks change; metric: test nats per character",
     ),
 }
 
