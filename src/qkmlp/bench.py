@@ -686,52 +686,63 @@ def forward_bytes(kind: str, n: int, d: int, m: int, itemsize: int = 4) -> int:
     raise ValueError(f"kind must be one of {ROOFLINE_KINDS}, got {kind!r}")
 
 
-def machine_peak(*, size: int = 2048, elems: int = 2**25, threads: int = 2, reps: int = 7,
+def _at_threads(fn: Callable[[], object], threads: int) -> Callable[[], object]:
+    """``fn`` run with ``torch.set_num_threads(threads)`` (for interleaving thread counts)."""
+    def g():
+        torch.set_num_threads(threads)
+        return fn()
+    return g
+
+
+def machine_peak(*, size: int = 2048, elems: int = 2**25, threads=(1, 2), reps: int = 9,
                  dtype=torch.float32, seed: int = 0) -> dict:
     """The machine's measured float GEMM rate and elementwise memory bandwidth.
 
     Interleaved reps (median) of: ``torch.mm`` of two size×size matrices (2·size³ FLOPs),
     ``torch.add(a, b, out=c)`` over ``elems`` elements (reads 2, writes 1: 3·elems·itemsize
-    bytes) and ``c.copy_(a)`` (2·elems·itemsize bytes), all into preallocated outputs, with
-    ``torch.set_num_threads(threads)`` (restored afterwards). Returns {"gemm_gflops",
-    "add_gbps", "copy_gbps", the medians in seconds and the sizes}.
+    bytes) and ``c.copy_(a)`` (2·elems·itemsize bytes), into preallocated outputs, each at
+    every thread count in ``threads`` (the thread counts interleaved too, so that load from
+    other processes hits them alike; the torch thread count is restored afterwards).
+    Returns {str(threads): {"gemm_gflops", "add_gbps", "copy_gbps", "median_s", sizes}}.
     """
     old = torch.get_num_threads()
-    torch.set_num_threads(threads)
     try:
         g = torch.Generator().manual_seed(seed)
         a_mm, b_mm = torch.randn(2, size, size, generator=g, dtype=dtype)
         c_mm = torch.empty(size, size, dtype=dtype)
         a, b = torch.randn(2, elems, generator=g, dtype=dtype)
         c = torch.empty(elems, dtype=dtype)
-        t = time_interleaved({"mm": lambda: torch.mm(a_mm, b_mm, out=c_mm),
-                              "add": lambda: torch.add(a, b, out=c),
-                              "copy": lambda: c.copy_(a)}, "cpu", reps=reps, warmup=1, seed=seed)
+        ops = {"mm": lambda: torch.mm(a_mm, b_mm, out=c_mm),
+               "add": lambda: torch.add(a, b, out=c), "copy": lambda: c.copy_(a)}
+        t = time_interleaved({f"{k}@{th}": _at_threads(f, th) for k, f in ops.items() for th in threads},
+                             "cpu", reps=reps, warmup=1, seed=seed)
     finally:
         torch.set_num_threads(old)
     item = torch.empty((), dtype=dtype).element_size()
-    med = {k: v["median_s"] for k, v in t.items()}
-    return {"threads": threads, "dtype": str(dtype).replace("torch.", ""), "size": size,
-            "elems": elems, "reps": reps, "median_s": med,
-            "gemm_gflops": 2 * size**3 / med["mm"] / 1e9,
-            "add_gbps": 3 * elems * item / med["add"] / 1e9,
-            "copy_gbps": 2 * elems * item / med["copy"] / 1e9}
+    out = {}
+    for th in threads:
+        med = {k: t[f"{k}@{th}"]["median_s"] for k in ops}
+        out[str(th)] = {"threads": th, "dtype": str(dtype).replace("torch.", ""), "size": size,
+                        "elems": elems, "reps": reps, "median_s": med,
+                        "gemm_gflops": 2 * size**3 / med["mm"] / 1e9,
+                        "add_gbps": 3 * elems * item / med["add"] / 1e9,
+                        "copy_gbps": 2 * elems * item / med["copy"] / 1e9}
+    return out
 
 
-def roofline_point(d: int = 512, m: int = 1376, n: int = 2048, *, threads: int = 2, reps: int = 5,
-                   dtype=torch.float32, seed: int = 0) -> dict:
+def roofline_point(d: int = 512, m: int = 1376, n: int = 2048, *, threads=(1, 2), reps: int = 7,
+                   dtype=torch.float32, seed: int = 0) -> list:
     """Achieved GFLOP/s of the bare GEMMs and of each rank-1 layer at one size.
 
     Times forward (no grad) and forward + backward of ``ROOFLINE_KINDS`` on x of shape
-    (n, d), interleaved, ``reps`` rounds, ``torch.set_num_threads(threads)``. GFLOP/s
-    counts only GEMM FLOPs (:func:`gemm_flops`, the same for every candidate), so the
-    rates compare directly. ``elementwise_share`` = 1 − t(bare GEMMs) / t(layer): the
+    (n, d) at every thread count in ``threads``, all interleaved, ``reps`` rounds.
+    GFLOP/s counts only GEMM FLOPs (:func:`gemm_flops`, the same for every candidate), so
+    the rates compare directly. ``elementwise_share`` = 1 − t(bare GEMMs) / t(layer): the
     part of a layer's time spent outside the GEMMs the floor runs. ``vs_llama``: median
     time ratio to the Llama-style MLP. ``intensity``: GEMM FLOPs per byte of
-    :func:`forward_bytes` (forward only).
+    :func:`forward_bytes` (forward only). Returns one dict per thread count.
     """
     old = torch.get_num_threads()
-    torch.set_num_threads(threads)
     try:
         g = torch.Generator().manual_seed(seed)
         fk = {"dtype": dtype}
@@ -760,54 +771,67 @@ def roofline_point(d: int = 512, m: int = 1376, n: int = 2048, *, threads: int =
         fwd = {"floor_gemms": floor}
         fwd.update({k: (lambda mod=mod: mod(x)) for k, mod in mods.items()})
         with torch.no_grad():
-            t_f = time_interleaved(fwd, "cpu", reps=reps, warmup=1, seed=seed)
+            t_f = time_interleaved({f"{k}@{th}": _at_threads(f, th) for k, f in fwd.items()
+                                    for th in threads}, "cpu", reps=reps, warmup=1, seed=seed)
         xg = x.detach().requires_grad_(True)
         fb = {"floor_gemms": floor_fwd_bwd}
         fb.update({k: _fwd_bwd(mod, xg, list(mod.parameters()), gy) for k, mod in mods.items()})
-        t_b = time_interleaved(fb, "cpu", reps=reps, warmup=1, seed=seed)
+        t_b = time_interleaved({f"{k}@{th}": _at_threads(f, th) for k, f in fb.items()
+                                for th in threads}, "cpu", reps=reps, warmup=1, seed=seed)
     finally:
         torch.set_num_threads(old)
     item = torch.empty((), dtype=dtype).element_size()
     flops = {"forward": gemm_flops(n, d, m), "forward_backward": gemm_flops(n, d, m, backward=True)}
-    med = {"forward": {k: t_f[k]["median_s"] for k in ROOFLINE_KINDS},
-           "forward_backward": {k: t_b[k]["median_s"] for k in ROOFLINE_KINDS}}
-    out = {"d": d, "m": m, "n": n, "threads": threads, "reps": reps,
-           "dtype": str(dtype).replace("torch.", ""), "flops": flops, "median_s": med,
-           "times_s": {"forward": {k: t_f[k]["times_s"] for k in ROOFLINE_KINDS},
-                       "forward_backward": {k: t_b[k]["times_s"] for k in ROOFLINE_KINDS}},
-           "bytes_forward": {k: forward_bytes(k, n, d, m, item) for k in ROOFLINE_KINDS}}
-    out["intensity"] = {k: flops["forward"] / b for k, b in out["bytes_forward"].items()}
-    out["gflops"] = {p: {k: flops[p] / s / 1e9 for k, s in med[p].items()} for p in med}
-    out["elementwise_share"] = {p: {k: 1 - med[p]["floor_gemms"] / med[p][k] for k in ROOFLINE_KINDS[1:]}
-                                for p in med}
-    out["vs_llama"] = {p: {k: med[p][k] / med[p]["llama_mlp"] for k in ROOFLINE_KINDS if k != "llama_mlp"}
-                       for p in med}
-    return out
+    byts = {k: forward_bytes(k, n, d, m, item) for k in ROOFLINE_KINDS}
+    outs = []
+    for th in threads:
+        tt = {"forward": {k: t_f[f"{k}@{th}"] for k in ROOFLINE_KINDS},
+              "forward_backward": {k: t_b[f"{k}@{th}"] for k in ROOFLINE_KINDS}}
+        med = {p: {k: v["median_s"] for k, v in tab.items()} for p, tab in tt.items()}
+        out = {"d": d, "m": m, "n": n, "threads": th, "reps": reps,
+               "dtype": str(dtype).replace("torch.", ""), "flops": flops, "median_s": med,
+               "times_s": {p: {k: v["times_s"] for k, v in tab.items()} for p, tab in tt.items()},
+               "bytes_forward": byts,
+               "intensity": {k: flops["forward"] / b for k, b in byts.items()},
+               "gflops": {p: {k: flops[p] / s / 1e9 for k, s in med[p].items()} for p in med},
+               "elementwise_share": {p: {k: 1 - med[p]["floor_gemms"] / med[p][k]
+                                         for k in ROOFLINE_KINDS[1:]} for p in med},
+               "vs_llama": {p: {k: med[p][k] / med[p]["llama_mlp"] for k in ROOFLINE_KINDS
+                                if k != "llama_mlp"} for p in med},
+               "loadavg": _loadavg()}
+        outs.append(out)
+    return outs
 
 
 def bench_roofline(d: int = 512, m: int = 1376, n: int = 2048, *, ns=(256, 512, 1024, 2048, 4096),
-                   ms=(344, 688, 1376, 2752), threads=(1, 2), reps: int = 5, peak_reps: int = 7,
+                   ms=(344, 688, 1376, 2752), threads=(1, 2), reps: int = 7, peak_reps: int = 9,
                    peak_size: int = 2048, peak_elems: int = 2**25, dtype=torch.float32) -> dict:
-    """The roofline suite: :func:`machine_peak` and :func:`roofline_point` per thread count,
+    """The roofline suite: :func:`machine_peak` before and after :func:`roofline_point`
     over tokens ``ns`` at width m and over widths ``ms`` at n tokens (the headline point
-    (d, m, n) is measured once per thread count and belongs to both curves).
+    (d, m, n) is measured once and belongs to both curves), every thread count in
+    ``threads`` interleaved within each measurement.
 
-    Returns {"config", "peak": {threads: machine_peak}, "points": [roofline_point, ...]}.
+    Returns {"config", "peak_runs": [before, after], "peak", "points": [...]}, where
+    "peak" holds, per thread count, the higher of the two runs' rates for each of mm,
+    add and copy (a peak is the best the machine was seen to do; both runs are kept), and
+    "points" one :func:`roofline_point` record per size and thread count.
     """
     if n not in ns or m not in ms:
         raise ValueError(f"the headline n={n} must be in ns and m={m} in ms")
+    pk = dict(size=peak_size, elems=peak_elems, threads=tuple(threads), reps=peak_reps, dtype=dtype)
+    before = machine_peak(**pk)
     pts = []
+    for mm, nn in [(m, nn) for nn in ns] + [(mm, n) for mm in ms if mm != m]:
+        pts += roofline_point(d, mm, nn, threads=tuple(threads), reps=reps, dtype=dtype)
+    after = machine_peak(**pk)
     peak = {}
-    for th in threads:
-        peak[str(th)] = machine_peak(size=peak_size, elems=peak_elems, threads=th, reps=peak_reps,
-                                     dtype=dtype)
-        sizes = [(m, nn) for nn in ns] + [(mm, n) for mm in ms if mm != m]
-        for mm, nn in sizes:
-            pts.append(roofline_point(d, mm, nn, threads=th, reps=reps, dtype=dtype))
+    for th in before:
+        peak[th] = {k: max(before[th][k], after[th][k]) for k in ("gemm_gflops", "add_gbps", "copy_gbps")}
+        peak[th].update(threads=int(th), size=peak_size, elems=peak_elems)
     return {"config": {"d": d, "m": m, "n": n, "ns": list(ns), "ms": list(ms), "threads": list(threads),
                        "reps": reps, "peak_reps": peak_reps, "peak_size": peak_size,
                        "peak_elems": peak_elems, "dtype": str(dtype).replace("torch.", "")},
-            "peak": peak, "points": pts, "loadavg_end": _loadavg()}
+            "peak_runs": [before, after], "peak": peak, "points": pts, "loadavg_end": _loadavg()}
 
 
 def roofline_rows(roof: dict, *, threads: Optional[int] = None, n: Optional[int] = None,
