@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(BENCH) --suite headline --dtype bfloat16 --n 512 --reps 15 --tag cpu_bfloat16
 	$(BENCH) --suite stack --tag cpu_stack
 	$(BENCH) --suite rank --suite size --tag cpu_rank_size
+	$(BENCH) --suite roofline --tag cpu_roofline
 
 clean:
 	rm -rf _build test-artifacts

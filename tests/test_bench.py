@@ -95,3 +95,57 @@ def test_verdicts_need_the_interval_outside_the_aa_spread():
         bench.control_verdict({"lo": 1.0, "hi": 0.9}, spread)
     with pytest.raises(ValueError):
         bench.aa_spread([], "fwd_vs_llama")
+
+
+def test_gemm_flops_match_costs_and_a_hand_count():
+    from qkmlp import costs
+    from qkmlp.layers import GatedMLP, SymmetricBilinearMLP
+
+    n, d, m = 7, 12, 20
+    for cls in (GatedMLP, SymmetricBilinearMLP):
+        layer = cls(d, m, device="meta")
+        # costs counts the elementwise middle too (2m per token at rank 1)
+        assert bench.gemm_flops(n, d, m) == n * (costs.flops_per_token(layer) - 2 * m)
+    # backward: dH = dY·Vᵀ, dV = Hᵀ·dY, dQ, dK, and dX from both halves
+    hand_bwd = 2 * (n * d * m + m * n * d + 2 * m * n * d + 2 * n * m * d)
+    assert bench.gemm_flops(n, d, m, backward=True) == bench.gemm_flops(n, d, m) + hand_bwd
+    assert bench.forward_bytes("floor_gemms", 1, 1, 1, 4) == 4 * 9
+    assert bench.forward_bytes("gated_mlp", 1, 1, 1, 2) == 2 * 12
+    with pytest.raises(ValueError, match="kind"):
+        bench.forward_bytes("dense", 1, 1, 1)
+    with pytest.raises(ValueError, match="positive"):
+        bench.gemm_flops(0, d, m)
+
+
+def test_tiny_roofline_structure(tmp_path):
+    res = bench.main(["--tiny", "--suite", "roofline", "--store", str(tmp_path),
+                      "--tag", "roof"])
+    bench.set_allocator("default")
+    (f,) = tmp_path.glob("roof_*.json")
+    ro = json.loads(f.read_text())["suites"]["roofline"]
+    assert ro == json.loads(json.dumps(res["suites"]["roofline"]))
+    assert set(ro["peak"]) == {"1", "2"}
+    for pk in ro["peak"].values():
+        assert pk["gemm_gflops"] > 0 and pk["add_gbps"] > 0 and pk["copy_gbps"] > 0
+    for run in ro["peak_runs"]:
+        for th, pk in run.items():
+            t = pk["median_s"]["mm"]
+            assert pk["gemm_gflops"] == pytest.approx(2 * pk["size"] ** 3 / t / 1e9)
+            assert ro["peak"][th]["gemm_gflops"] >= pk["gemm_gflops"]
+            assert ro["peak"][th]["add_gbps"] >= pk["add_gbps"]
+    c = ro["config"]
+    per_thread = len(c["ns"]) + len(c["ms"]) - 1       # the headline point is shared
+    assert len(ro["points"]) == 2 * per_thread
+    for p in ro["points"]:
+        assert set(p["median_s"]["forward"]) == set(bench.ROOFLINE_KINDS)
+        for phase, f_ in p["flops"].items():
+            for k, s in p["median_s"][phase].items():
+                assert len(p["times_s"][phase][k]) == p["reps"]
+                assert p["gflops"][phase][k] == pytest.approx(f_ / s / 1e9)
+            share = p["elementwise_share"][phase]["gated_mlp"]
+            med = p["median_s"][phase]
+            assert share == pytest.approx(1 - med["floor_gemms"] / med["gated_mlp"])
+        assert p["intensity"]["gated_mlp"] < p["intensity"]["floor_gemms"]
+    assert len(bench.roofline_rows(ro, threads=1, m=c["m"])) == len(c["ns"])
+    with pytest.raises(ValueError, match="headline"):
+        bench.bench_roofline(8, 16, 4, ns=(8,), ms=(16,))
