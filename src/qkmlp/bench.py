@@ -291,6 +291,26 @@ def _fwd_bwd(module_fn, x, params, gy):
 LAYERS = ("gated_mlp", "symmetric_mlp")
 
 
+def _floor_gemms(x, gy, h, ga, gb, w_q, w_k, v):
+    """The bare GEMMs of (ch10-eq-two-gemms) as two closures: forward (x·Qᵀ and x·Kᵀ by
+    halves, H·V) and forward + backward (also dH, dW_qk by halves, dX, dV). Shapes: x, gy
+    (N, d); h, ga, gb (N, m); w_q, w_k (m, d); v (m, d)."""
+    def floor():
+        x @ w_q.T
+        x @ w_k.T
+        h @ v
+
+    def floor_fwd_bwd():
+        floor()
+        gy @ v.T
+        ga.T @ x
+        gb.T @ x
+        (ga @ w_q).addmm_(gb, w_k)
+        h.T @ gy
+
+    return floor, floor_fwd_bwd
+
+
 def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.float32, device="cpu",
                    reps: int = 21, seed: int = 0, compile_backend: Optional[str] = None) -> dict:
     """Floor, Llama-style MLP, (Liger), GatedMLP and SymmetricBilinearMLP at rank 1.
@@ -320,18 +340,7 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
 
     ga, gb = torch.randn(2, n, m, generator=g).to(**fk)
 
-    def floor():                 # the forward GEMMs of (ch10-eq-two-gemms): [A B] by halves, H·V
-        x @ w_q.T
-        x @ w_k.T
-        h @ v
-
-    def floor_fwd_bwd():         # ... and those of backward: dH, dW_qk by halves, dX, dV
-        floor()
-        gy @ v.T
-        ga.T @ x
-        gb.T @ x
-        (ga @ w_q).addmm_(gb, w_k)
-        h.T @ gy
+    floor, floor_fwd_bwd = _floor_gemms(x, gy, h, ga, gb, w_q, w_k, v)
 
     mods = {"llama_mlp": (llama, list(llama.parameters())),
             "llama_mlp_copy": (llama_copy, list(llama_copy.parameters())),
@@ -755,18 +764,7 @@ def roofline_point(d: int = 512, m: int = 1376, n: int = 2048, *, threads=(1, 2)
         w_q, w_k = gated.query_weight.detach(), gated.key_weight.detach()
         v = gated.value.detach()
 
-        def floor():                 # forward GEMMs: x·Qᵀ, x·Kᵀ, H·V
-            x @ w_q.T
-            x @ w_k.T
-            h @ v
-
-        def floor_fwd_bwd():         # ... and backward's: dH, dQ, dK, dX, dV
-            floor()
-            gy @ v.T
-            ga.T @ x
-            gb.T @ x
-            (ga @ w_q).addmm_(gb, w_k)
-            h.T @ gy
+        floor, floor_fwd_bwd = _floor_gemms(x, gy, h, ga, gb, w_q, w_k, v)
 
         fwd = {"floor_gemms": floor}
         fwd.update({k: (lambda mod=mod: mod(x)) for k, mod in mods.items()})
