@@ -403,7 +403,7 @@ TASKS: dict[str, Task] = {
     "modadd": Task(
         "modadd",
         sizes={"default": dict(families=SLOW_TOY_FAMILIES, p=23, fracs=[0.6, 0.2, 0.2], m_kv=64,
-                               lrs=[3e-3, 1e-2, 3e-2], tune_seeds=[100], seeds=10, max_steps=8000, eval_every=100,
+                               lrs=[3e-3, 1e-2, 3e-2], tune_seeds=[100], seeds=10, max_steps=20000, eval_every=100,
                                patience=30,
                                optimizer="adamw", weight_decay=1.0),
                "quick": dict(families=_Q2, p=7, fracs=[0.5, 0.25, 0.25], m_kv=16, optimizer="adamw",
