@@ -408,6 +408,18 @@ def test_gain_is_oriented_so_positive_means_better():
     assert loss["diffs"] == pytest.approx([0.2, 0.3, 0.1])
 
 
+def test_gain_on_a_second_metric_keeps_its_direction():
+    # a task scored by accuracy, compared by its test loss: lower loss must count as better
+    from qkmlp.experiments.report import gain
+    res = _fake("test_acc", True, [0.9, 0.8, 0.95], [0.8, 0.7, 0.9])
+    for r, (a, b) in zip(res["runs"], [(0.1, 0.3), (0.2, 0.5), (0.1, 0.2)] * 2):
+        r["test_loss"] = a if r["family"] == "A" else b
+    g = gain(res, {"family": "A"}, {"family": "B"}, metric="test_loss")
+    assert g["mean_diff"] == pytest.approx((0.2 + 0.3 + 0.1) / 3) and g["wins"] == 3
+    with pytest.raises(ValueError, match="_acc' or '_loss'"):
+        gain(res, {"family": "A"}, {"family": "B"}, metric="swap_trained")
+
+
 def test_holm_family_adds_corrected_p_and_detectable_difference():
     from qkmlp.experiments.report import gain, holm_family
     res = _fake("test_acc", True, [0.9, 0.8, 0.95, 0.85, 0.9], [0.8, 0.7, 0.9, 0.8, 0.85])

@@ -22,10 +22,20 @@ __all__ = ["gain", "comparison_rows", "form_vs_form", "holm_family", "family_lab
 ACTIVATIONS = ("silu", "gelu", "relu")
 
 
+def _higher_is_better(metric: str) -> bool:
+    """Direction of a metric other than the task's own: accuracies up, losses down."""
+    if metric.endswith("_acc"):
+        return True
+    if metric.endswith("_loss"):
+        return False
+    raise ValueError(f"cannot tell whether a higher {metric!r} is better; expected a name ending "
+                     "in '_acc' or '_loss', or the task's own metric")
+
+
 def gain(results: dict, a: dict, b: dict, metric: Optional[str] = None, level: float = 0.95) -> dict:
     """Paired comparison of cell ``a`` against cell ``b``, signed so that > 0 means a is better."""
     metric = metric or results["meta"]["metric"]
-    higher = results["meta"]["higher_is_better"] if metric == results["meta"]["metric"] else True
+    higher = results["meta"]["higher_is_better"] if metric == results["meta"]["metric"] else _higher_is_better(metric)
     # for a loss, b − a > 0 (a "win" of compare(b, a)) means a is better
     res = compare(results, a, b, metric, level) if higher else compare(results, b, a, metric, level)
     res["a"], res["b"], res["metric"] = a, b, metric
