@@ -505,7 +505,7 @@ def _needs_grad(*ts) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
 
 
-def _apply(fn, hidden, reference, x, query, key, value, activation):
+def _apply(fn, kind, hidden, reference, x, query, key, value, activation):
     """y of a fused layer: the autograd function ``fn`` when a gradient is wanted, straight
     through the fused forward when not, and the plain formula ``reference`` where the fast
     path does not apply (:func:`fast_path_applies`)."""
@@ -514,9 +514,11 @@ def _apply(fn, hidden, reference, x, query, key, value, activation):
     if not _transform_free():
         return reference(x, query, key, value, ACTIVATIONS[name], m, r)
     if torch.compiler.is_compiling():
-        # traced out of place: functionalising in-place ops on views would write whole buffers back
         if _needs_grad(x, query, key, value):
-            return fn.apply(x, query, key, value, name, m, r)[0]
+            # one opaque op: the compiler's partitioner cannot change what it saves
+            return torch.ops.qkmlp.fused_forward(x, query, key, value, kind, name, m, r)[0]
+        # inference: traced out of place (functionalising in-place ops on views would
+        # write whole buffers back), so the compiler may fuse the middle itself
         return _fused_forward(hidden, x, query, key, value, name, m, r)[0]
     if not fast_path_applies(x, query, key, value):
         return reference(x, query, key, value, ACTIVATIONS[name], m, r)
@@ -525,15 +527,95 @@ def _apply(fn, hidden, reference, x, query, key, value, activation):
     return _fused_forward(hidden, x, query, key, value, name, m, r, scratch=True)[0]
 
 
+# --- under torch.compile: the same functions as opaque library ops ----------------------
+#
+# Traced by AOTAutograd, GatedFn and SymmetricFn become ordinary graph ops, and the
+# compiler's partitioner (inductor's min-cut) decides afresh what to keep for backward:
+# d + 3m numbers per token for every layer, the fused layers' saving halved. Selective
+# activation checkpointing could only mark ops of that traced graph as "recompute", and
+# the partitioner still chooses among the traced tensors (and their views) what to save;
+# the saved set would follow the compiler's version. Two custom ops fix it: the forward
+# returns (y, [a; b]) and is opaque, the autograd formula saves x, the weights and [a; b]
+# only, and the backward is a second opaque op computing every gradient, so nothing of
+# the forward's insides exists in the graph for the partitioner to save or recompute.
+# Both run the eager fused code (in place on their own buffers), with its bit-for-bit
+# bfloat16 parity with the Llama MLP. The compiled backward is a first derivative only:
+# the backward op has no autograd formula, so differentiating it (create_graph=True)
+# raises instead of returning a wrong second derivative.
+
+_HIDDEN = {"gated": _gated_hidden, "symmetric": _symmetric_hidden}
+_RULE = {"gated": _gated_backward, "symmetric": _symmetric_backward}
+
+
+@torch.library.custom_op("qkmlp::fused_forward", mutates_args=())
+def _op_forward(x: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kind: str, name: str, m: int, r: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, [a; b]) of the fused ``kind`` ("gated" or "symmetric") layer: GatedFn.forward."""
+    with torch.no_grad():
+        return _fused_forward(_HIDDEN[kind], x, query, key, value, name, m, r)
+
+
+@_op_forward.register_fake
+def _(x, query, key, value, kind, name, m, r):
+    n = x.shape[0]
+    return x.new_empty(n, value.shape[1]), x.new_empty(2, n, query.shape[0])
+
+
+class _OpCtx:
+    """What the backward rules read from an autograd ctx: the activation and the needs."""
+
+    def __init__(self, name, needs):
+        self.name, self.needs_input_grad = name, tuple(needs)
+
+
+@torch.library.custom_op("qkmlp::fused_backward", mutates_args=())
+def _op_backward(grad_y: torch.Tensor, x: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor, ab: torch.Tensor, kind: str, name: str, m: int, r: int,
+                 needs: list[bool]) -> list[torch.Tensor]:
+    """[dx, dQ, dK, dV] of the fused ``kind`` layer (an empty tensor where ``needs`` is
+    false): GatedFn.backward's first-derivative rule, reading x, the weights and [a; b]."""
+    with torch.no_grad():
+        ctx = _OpCtx(name, needs)
+        a, b = _split(ab, m, r, x.dtype)
+        fast = _plain_tensors(grad_y)
+        grads = _RULE[kind](ctx, grad_y, x, query, key, value, a, b, m, r,
+                            x.dtype, x.dtype, fast)[:4]
+    return [g if g is not None else x.new_empty(0) for g in grads]
+
+
+@_op_backward.register_fake
+def _(grad_y, x, query, key, value, ab, kind, name, m, r, needs):
+    return [t.new_empty(t.shape) if need else x.new_empty(0)
+            for t, need in zip((x, query, key, value), needs)]
+
+
+def _op_setup_context(ctx, inputs, output):
+    x, query, key, value, kind, name, m, r = inputs
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(x, query, key, value, output[1])
+    ctx.kind, ctx.name, ctx.m, ctx.r = kind, name, m, r
+
+
+def _op_autograd(ctx, grad_y, _grad_ab):
+    x, query, key, value, ab = ctx.saved_tensors
+    needs = list(ctx.needs_input_grad[:4])
+    grads = torch.ops.qkmlp.fused_backward(grad_y, x, query, key, value, ab, ctx.kind, ctx.name,
+                                           ctx.m, ctx.r, needs)
+    return (*(g if need else None for g, need in zip(grads, needs)), None, None, None, None)
+
+
+_op_forward.register_autograd(_op_autograd, setup_context=_op_setup_context)
+
+
 def gated(x: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, activation) -> torch.Tensor:
     """Fused gated rank-r MLP on a 2-D batch: x (N, d), query and key (m·r, d), value
     (m, d_out) -> (N, d_out); ``activation`` a registered name. See :class:`GatedFn`."""
-    return _apply(GatedFn, _gated_hidden, gated_reference, x, query, key, value, activation)
+    return _apply(GatedFn, "gated", _gated_hidden, gated_reference, x, query, key, value, activation)
 
 
 def symmetric(x: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, activation) -> torch.Tensor:
     """Fused symmetric rank-r MLP on a 2-D batch, arguments as :func:`gated`. See :class:`SymmetricFn`."""
-    return _apply(SymmetricFn, _symmetric_hidden, symmetric_reference, x, query, key, value, activation)
+    return _apply(SymmetricFn, "symmetric", _symmetric_hidden, symmetric_reference, x, query, key, value, activation)
 
 
 def gated_reference(x, query, key, value, activation: Callable, m: int, r: int) -> torch.Tensor:
