@@ -53,6 +53,7 @@ from .layers import BilinearAttentionMLP, GatedMLP, SymmetricBilinearMLP
 __all__ = [
     "LlamaMLP",
     "saved_bytes",
+    "compiled_saved_tensors",
     "time_interleaved",
     "median_interval",
     "paired_ratio",
@@ -138,6 +139,42 @@ def saved_bytes(fn: Callable[[], torch.Tensor], params) -> int:
         y = fn()
     del y
     return sum(seen.values())
+
+
+def compiled_saved_tensors(module: nn.Module, x: torch.Tensor) -> list:
+    """What ``torch.compile`` keeps for backward of ``module(x)``, read from the graph.
+
+    Compiles ``module`` with AOTAutograd and the partitioner inductor uses
+    (``min_cut_rematerialization_partition``), graphs run uncompiled (no C++ compiler
+    needed), runs one forward, and returns the tensors the backward graph takes from the
+    forward: one ``(shape, dtype)`` per saved value, parameters included (filter by shape).
+    A check of :func:`saved_bytes` that does not go through autograd's hooks.
+    """
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    found: list = []
+
+    def partition(joint, inputs, **kw):
+        fw, bw = min_cut_rematerialization_partition(joint, inputs, **kw)
+        found.clear()
+        for node in bw.graph.nodes:
+            val = node.meta.get("val")
+            if node.op == "placeholder" and not node.name.startswith("tangents") \
+                    and isinstance(val, torch.Tensor):
+                found.append((tuple(val.shape), val.dtype))
+        return fw, bw
+
+    def boxed(gm, _example_inputs):
+        return make_boxed_func(gm.forward)
+
+    backend = aot_autograd(fw_compiler=boxed, bw_compiler=boxed, partition_fn=partition)
+    torch._dynamo.reset()
+    try:
+        torch.compile(module, fullgraph=True, backend=backend)(x)
+    finally:
+        torch._dynamo.reset()
+    return list(found)
 
 
 def _sync(device: torch.device) -> None:
