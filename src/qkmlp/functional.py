@@ -39,8 +39,14 @@ every torch API differentiates to every order, whenever (:func:`fast_path_applie
 A backward recorded by autograd (``create_graph=True``: double backward, gradient
 penalties) recomputes the plain formula and differentiates it; a backward over batched
 gradients (``autograd.grad(is_grads_batched=True)``, vectorised jacobians, ``vmap`` over
-a vjp) runs the same hand-written rule out of place. Under ``torch.compile`` the autograd
-functions are traced, out of place.
+a vjp) runs the same hand-written rule out of place.
+
+**Under torch.compile** a wanted gradient goes through two ``torch.library`` custom ops,
+``qkmlp::fused_forward`` (returns y and [a; b]) and ``qkmlp::fused_backward`` (every
+gradient from x, the weights and [a; b]), which run the eager code above: the compiled
+layer saves what eager saves (the compiler's partitioner would otherwise choose, and
+keeps d + 3m). Its backward is a first derivative: ``create_graph=True`` through a
+compiled layer raises. Inference (no gradient) is traced out of place.
 """
 from __future__ import annotations
 
