@@ -140,15 +140,24 @@ def _double_backward_raises():
         torch.autograd.grad(gx.sum(), x)
 
 
-def test_eager_custom_op_double_backward_raises():
-    """Called directly in eager mode, the op's backward has no derivative: it says so."""
-    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
-    q, k, v = (torch.randn(4, 6, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    y, _ = torch.ops.qkmlp.fused_forward(x, q, k, v, "gated", "silu", 4, 1)
-    torch.testing.assert_close(y, fn.gated_reference(x, q, k, v, torch.nn.functional.silu, 4, 1))
-    gx, = torch.autograd.grad(y.sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match="no autograd formula"):
-        gx.sum().backward()
+@pytest.mark.parametrize("kind,act", [("gated", "silu"), ("symmetric", "gelu"), ("gated", "tanh")])
+def test_eager_custom_op_first_and_second_derivatives(kind, act):
+    """Called directly in eager mode, the op's backward is ordinary autograd ops: first
+    and second derivatives against finite differences."""
+    torch.manual_seed(8)
+    m, r = 3, 2
+    x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    q, k = (torch.randn(m * r, 5, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    v = torch.randn(m, 2, dtype=torch.float64, requires_grad=True)
+
+    def f(x, q, k, v):
+        return fn._op_forward(x, q, k, v, kind, act, m, r)[0]
+
+    ref = fn.gated_reference if kind == "gated" else fn.symmetric_reference
+    from qkmlp import get_activation
+    torch.testing.assert_close(f(x, q, k, v), ref(x, q, k, v, get_activation(act), m, r))
+    assert torch.autograd.gradcheck(f, (x, q, k, v))
+    assert torch.autograd.gradgradcheck(f, (x, q, k, v))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
