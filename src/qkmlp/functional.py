@@ -71,6 +71,7 @@ __all__ = [
     "symmetrized_reference",
     "GatedFn",
     "SymmetricFn",
+    "FUSED_OP_NAME",
 ]
 
 _aten = torch.ops.aten
