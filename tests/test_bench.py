@@ -149,3 +149,59 @@ def test_tiny_roofline_structure(tmp_path):
     assert len(bench.roofline_rows(ro, threads=1, m=c["m"])) == len(c["ns"])
     with pytest.raises(ValueError, match="headline"):
         bench.bench_roofline(8, 16, 4, ns=(8,), ms=(16,))
+
+
+def test_silu_mul_is_the_plain_formula_and_saves_a_and_b():
+    torch.manual_seed(0)
+    a, b = (torch.randn(5, 7, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    torch.testing.assert_close(bench.SiLUMul.apply(a, b), torch.nn.functional.silu(a) * b)
+    assert torch.autograd.gradcheck(bench.SiLUMul.apply, (a, b))
+    assert torch.autograd.gradgradcheck(bench.SiLUMul.apply, (a, b))
+    llama = bench.LlamaMLP(6, 10)
+    x = torch.randn(4, 6, requires_grad=True)
+    f = bench.liger_style_mlp(llama)
+    gy = torch.randn(4, 6)
+    y, want = f(x), llama(x)
+    torch.testing.assert_close(y, want)
+    for g, w in zip(torch.autograd.grad(y, [x, *llama.parameters()], gy),
+                    torch.autograd.grad(want, [x, *llama.parameters()], gy)):
+        torch.testing.assert_close(g, w)
+    params = list(llama.parameters())
+    assert bench.saved_bytes(lambda: f(x), params) == 4 * 4 * (6 + 3 * 10)
+    assert bench.saved_bytes(lambda: llama(x), params) == 4 * 4 * (6 + 4 * 10)
+
+
+def _fake_headline(meds):
+    """A headline result holding only paired ratios: meds[cand] = (fwd, fwd+bwd)."""
+    pr = {}
+    for k, (f, fb) in meds.items():
+        pr[k] = {"fwd_vs_llama": {"median": f, "lo": f - 0.01, "hi": f + 0.02},
+                 "fwd_bwd_vs_llama": {"median": fb, "lo": fb - 0.03, "hi": fb + 0.01}}
+    return {"paired_ratios": pr}
+
+
+def test_ratio_panels_draw_every_run_interval_and_the_aa_spread():
+    hls = [_fake_headline({"gated_mlp": (0.99, 1.02), "symmetric_mlp": (1.0, 1.01),
+                           "llama_mlp_copy": (1.0, 0.98)}),
+           _fake_headline({"gated_mlp": (0.97, 1.05), "symmetric_mlp": (1.01, 1.0),
+                           "llama_mlp_copy": (1.01, 1.02)})]
+    figs = bench.ratio_panels(hls)
+    assert len(figs) == 2
+    for fig, key in zip(figs, ("fwd_vs_llama", "fwd_bwd_vs_llama")):
+        ax = fig.axes[0]
+        lo, hi = bench.aa_spread(hls, key)
+        span = [p for p in ax.patches if p.get_label() == "A/A spread"]
+        assert len(span) == 1
+        r = span[0]       # a Rectangle (matplotlib >= 3.9) or a Polygon
+        ys = ([r.get_y(), r.get_y() + r.get_height()] if hasattr(r, "get_height")
+              else [v[1] for v in r.get_xy()])
+        assert min(ys) == pytest.approx(lo) and max(ys) == pytest.approx(hi)
+        bars = {c.get_label(): c for c in ax.containers}
+        for k, _, _, lab in bench.RATIO_CANDIDATES:
+            got = list(bars[lab].lines[0].get_ydata())
+            assert got == [h["paired_ratios"][k][key]["median"] for h in hls]
+    import matplotlib.pyplot as plt
+    for f in figs:
+        plt.close(f)
+    with pytest.raises(ValueError, match="at least one"):
+        bench.ratio_panels([])

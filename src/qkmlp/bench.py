@@ -52,7 +52,12 @@ from .layers import BilinearAttentionMLP, GatedMLP, SymmetricBilinearMLP
 
 __all__ = [
     "LlamaMLP",
+    "SiLUMul",
+    "liger_style_mlp",
+    "ratio_panels",
+    "RATIO_CANDIDATES",
     "saved_bytes",
+    "compiled_saved_tensors",
     "time_interleaved",
     "median_interval",
     "paired_ratio",
@@ -105,6 +110,36 @@ class LlamaMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+class SiLUMul(torch.autograd.Function):
+    """Liger-Kernel's SwiGLU memory rule in PyTorch ops: silu(a)·b that saves a and b only
+    and recomputes silu(a) in backward (Hsu et al., 2024), so a Llama MLP built on it
+    keeps x, a, b and the product for backward, d + 3m numbers per token against the
+    plain MLP's d + 4m. ``SiLUMul.apply(a, b)``: a, b of one shape -> silu(a)·b."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return F.silu(a) * b
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        if torch.is_grad_enabled():        # create_graph: the derivative in autograd ops
+            sig = torch.sigmoid(a)
+            return grad * b * sig * (1 + a * (1 - sig)), grad * F.silu(a)
+        return torch.ops.aten.silu_backward(grad * b, a), grad * F.silu(a)
+
+
+def liger_style_mlp(llama: LlamaMLP) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x ↦ down(SiLUMul(gate(x), up(x))) with ``llama``'s three linears: the Llama MLP's
+    function with Liger-Kernel's saved set (:class:`SiLUMul`), in plain PyTorch."""
+
+    def f(x):
+        return llama.down_proj(SiLUMul.apply(llama.gate_proj(x), llama.up_proj(x)))
+
+    return f
+
+
 def _liger_swiglu(llama: LlamaMLP) -> Optional[Callable]:
     """Liger-Kernel's fused SiLU·mul between the same three linears, if importable (CUDA only)."""
     try:
@@ -138,6 +173,42 @@ def saved_bytes(fn: Callable[[], torch.Tensor], params) -> int:
         y = fn()
     del y
     return sum(seen.values())
+
+
+def compiled_saved_tensors(module: nn.Module, x: torch.Tensor) -> list:
+    """What ``torch.compile`` keeps for backward of ``module(x)``, read from the graph.
+
+    Compiles ``module`` with AOTAutograd and the partitioner inductor uses
+    (``min_cut_rematerialization_partition``), graphs run uncompiled (no C++ compiler
+    needed), runs one forward, and returns the tensors the backward graph takes from the
+    forward: one ``(shape, dtype)`` per saved value, parameters included (filter by shape).
+    A check of :func:`saved_bytes` that does not go through autograd's hooks.
+    """
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    found: list = []
+
+    def partition(joint, inputs, **kw):
+        fw, bw = min_cut_rematerialization_partition(joint, inputs, **kw)
+        found.clear()
+        for node in bw.graph.nodes:
+            val = node.meta.get("val")
+            if node.op == "placeholder" and not node.name.startswith("tangents") \
+                    and isinstance(val, torch.Tensor):
+                found.append((tuple(val.shape), val.dtype))
+        return fw, bw
+
+    def boxed(gm, _example_inputs):
+        return make_boxed_func(gm.forward)
+
+    backend = aot_autograd(fw_compiler=boxed, bw_compiler=boxed, partition_fn=partition)
+    torch._dynamo.reset()
+    try:
+        torch.compile(module, fullgraph=True, backend=backend)(x)
+    finally:
+        torch._dynamo.reset()
+    return list(found)
 
 
 def _sync(device: torch.device) -> None:
@@ -259,6 +330,42 @@ def control_verdict(p: dict, spread: tuple) -> str:
     return "faster" if p["hi"] < lo else ("slower" if p["lo"] > hi else "parity")
 
 
+#: (candidate, colour index in figures.COLORS, marker, label) drawn by :func:`ratio_panels`.
+RATIO_CANDIDATES = (("gated_mlp", 0, "o", "gated_mlp"), ("symmetric_mlp", 1, "s", "symmetric_mlp"),
+                    ("llama_mlp_copy", 7, "^", "A/A control"))
+
+
+def ratio_panels(headlines: list, tables=(("fwd_vs_llama", "forward"),
+                                          ("fwd_bwd_vs_llama", "forward + backward")),
+                 candidates=RATIO_CANDIDATES, xlabel: str = "stored run") -> list:
+    """One panel per ``(ratio key, title)`` of ``tables``: for each headline result (one
+    per stored run, in order) the paired ratio to the Llama MLP of every candidate
+    (median, error bar the 95 % interval), the A/A spread (:func:`aa_spread`) shaded and
+    1 drawn. ``headlines``: headline dicts of :func:`bench_headline`. Returns the
+    matplotlib figures (show them with ``figures.show``)."""
+    from . import figures
+
+    if not headlines:
+        raise ValueError("ratio_panels needs at least one headline result")
+    out = []
+    for key, title in tables:
+        fig, ax = figures.panel(height=3.4)
+        spread = aa_spread(headlines, key)
+        ax.axhspan(spread[0], spread[1], color="0.85", label="A/A spread")
+        for j, (k, col, mk, lab) in enumerate(candidates):
+            p = [h["paired_ratios"][k][key] for h in headlines]
+            xs = [i + 1 + 0.2 * (j - 1) for i in range(len(headlines))]
+            med = [q["median"] for q in p]
+            err = [[q["median"] - q["lo"] for q in p], [q["hi"] - q["median"] for q in p]]
+            ax.errorbar(xs, med, yerr=err, fmt=mk, color=figures.COLORS[col], capsize=2, label=lab)
+        ax.axhline(1.0, color="k", lw=0.6)
+        ax.set_xticks(range(1, len(headlines) + 1))
+        ax.set(xlabel=xlabel, ylabel="time / Llama MLP", title=title)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
+        out.append(fig)
+    return out
+
+
 #: The headline targets: (ratio key, goal), a ratio at most the goal meets it.
 TARGETS = {"fwd_vs_floor": 1.10, "fwd_vs_llama": 1.0, "fwd_bwd_vs_llama": 1.0, "saved_bytes_vs_llama": 0.75}
 
@@ -368,7 +475,9 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
     mem = {k: saved_bytes(lambda mod=mod: mod(xg), ps) for k, (mod, ps) in mods.items()
            if k != "llama_mlp_copy"}
     if compile_backend and not all(mem.values()):
-        # compiled graphs need not report their saved tensors to the hooks
+        # AOTAutograd's compiled function saves its tensors with ctx.save_for_backward, so
+        # the hooks see them (tests/test_compile.py checks them against the partitioned
+        # graph, compiled_saved_tensors); a backend that hid them would stop here
         raise RuntimeError(f"saved_tensors_hooks saw nothing under backend {compile_backend!r}: {mem}")
 
     med_f = {k: t["median_s"] for k, t in t_fwd.items()}

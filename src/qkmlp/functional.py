@@ -39,8 +39,14 @@ every torch API differentiates to every order, whenever (:func:`fast_path_applie
 A backward recorded by autograd (``create_graph=True``: double backward, gradient
 penalties) recomputes the plain formula and differentiates it; a backward over batched
 gradients (``autograd.grad(is_grads_batched=True)``, vectorised jacobians, ``vmap`` over
-a vjp) runs the same hand-written rule out of place. Under ``torch.compile`` the autograd
-functions are traced, out of place.
+a vjp) runs the same hand-written rule out of place.
+
+**Under torch.compile** a wanted gradient goes through the ``torch.library`` custom op
+``qkmlp::fused_forward_<tag>`` (returns y and [a; b]; runs the eager code above), whose
+backward is written in torch ops and traced: the compiled layer saves what eager saves
+(the compiler's partitioner would otherwise choose, and keeps d + 3m), and the compiler
+fuses the backward's elementwise middle. ``create_graph=True`` through a compiled layer
+raises (AOTAutograd has no double backward). Inference (no gradient) is traced out of place.
 """
 from __future__ import annotations
 
@@ -65,6 +71,7 @@ __all__ = [
     "symmetrized_reference",
     "GatedFn",
     "SymmetricFn",
+    "FUSED_OP_NAME",
 ]
 
 _aten = torch.ops.aten
@@ -505,7 +512,7 @@ def _needs_grad(*ts) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in ts)
 
 
-def _apply(fn, hidden, reference, x, query, key, value, activation):
+def _apply(fn, kind, hidden, reference, x, query, key, value, activation):
     """y of a fused layer: the autograd function ``fn`` when a gradient is wanted, straight
     through the fused forward when not, and the plain formula ``reference`` where the fast
     path does not apply (:func:`fast_path_applies`)."""
@@ -514,9 +521,11 @@ def _apply(fn, hidden, reference, x, query, key, value, activation):
     if not _transform_free():
         return reference(x, query, key, value, ACTIVATIONS[name], m, r)
     if torch.compiler.is_compiling():
-        # traced out of place: functionalising in-place ops on views would write whole buffers back
         if _needs_grad(x, query, key, value):
-            return fn.apply(x, query, key, value, name, m, r)[0]
+            # one opaque op: the compiler's partitioner cannot change what it saves
+            return _op_forward(x, query, key, value, kind, name, m, r)[0]
+        # inference: traced out of place (functionalising in-place ops on views would
+        # write whole buffers back), so the compiler may fuse the middle itself
         return _fused_forward(hidden, x, query, key, value, name, m, r)[0]
     if not fast_path_applies(x, query, key, value):
         return reference(x, query, key, value, ACTIVATIONS[name], m, r)
@@ -525,15 +534,116 @@ def _apply(fn, hidden, reference, x, query, key, value, activation):
     return _fused_forward(hidden, x, query, key, value, name, m, r, scratch=True)[0]
 
 
+# --- under torch.compile: the forward as an opaque library op ---------------------------
+#
+# Traced by AOTAutograd, GatedFn and SymmetricFn become ordinary graph ops, and the
+# compiler's partitioner (inductor's min-cut) decides afresh what to keep for backward:
+# d + 3m numbers per token for every layer, the fused layers' saving halved. Selective
+# activation checkpointing only marks ops of that traced graph to save or recompute; σ(a)
+# and h would still exist in the forward graph for the partitioner to weigh. Instead the
+# forward is one custom op returning (y, [a; b]): σ(a) and h never appear in the forward
+# graph, so the backward can only recompute them from what the op returns, and the
+# cheapest cut is x and [a; b], what eager saves (tests/test_compile.py reads the saved
+# set off the partitioned graph). The op runs the eager fused forward (in place on its own
+# buffers), so a half-precision rank-1 gated layer keeps the Llama MLP's output bit for
+# bit. Its backward (:func:`_traced_backward`) is written in differentiable torch ops and
+# traced, so the compiler fuses its elementwise middle as it does the Llama MLP's.
+# (An opaque backward op, commit 3402ce9, saved the same; its three stored runs are in
+# chapter 10.) Double backward through a compiled layer: AOTAutograd raises.
+
+_HIDDEN = {"gated": _gated_hidden, "symmetric": _symmetric_hidden}
+
+
+def _source_tag() -> str:
+    """8 hex digits of a hash of this module's and the activations' source. torch's
+    compile caches (AOTAutograd's, on disk) key a custom op by its name only, not by its
+    autograd formula: with a fixed name, a cached compiled backward would outlive a
+    change to :func:`_traced_backward`. The op's name carries this tag instead."""
+    import hashlib
+    from pathlib import Path
+
+    h = hashlib.sha256()
+    try:
+        for f in (__file__, Path(__file__).with_name("activations.py")):
+            h.update(Path(f).read_bytes())
+    except OSError:                         # no source files (a frozen install)
+        h.update(repr(sorted(FUSED_ACTIVATIONS)).encode())
+    return h.hexdigest()[:8]
+
+
+#: The custom op's name, ``qkmlp::fused_forward_<tag>`` (see :func:`_source_tag`).
+FUSED_OP_NAME = f"qkmlp::fused_forward_{_source_tag()}"
+
+
+@torch.library.custom_op(FUSED_OP_NAME, mutates_args=())
+def _op_forward(x: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kind: str, name: str, m: int, r: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, [a; b]) of the fused ``kind`` ("gated" or "symmetric") layer: GatedFn.forward."""
+    with torch.no_grad():
+        return _fused_forward(_HIDDEN[kind], x, query, key, value, name, m, r)
+
+
+@_op_forward.register_fake
+def _(x, query, key, value, kind, name, m, r):
+    n = x.shape[0]
+    return x.new_empty(n, value.shape[1]), x.new_empty(2, n, query.shape[0])
+
+
+def _op_setup_context(ctx, inputs, output):
+    x, query, key, value, kind, name, m, r = inputs
+    ctx.mark_non_differentiable(output[1])
+    ctx.save_for_backward(x, query, key, value, output[1])
+    ctx.kind, ctx.name, ctx.m, ctx.r = kind, name, m, r
+
+
+def _traced_backward(ctx, grad_y):
+    """The backward of ``fused_forward`` in differentiable torch ops: traced by the
+    compiler, which may fuse its elementwise middle; reads x, the weights and [a; b]."""
+    x, query, key, value, ab = ctx.saved_tensors
+    name, m, r = ctx.name, ctx.m, ctx.r
+    n = x.shape[0]
+    a, b = _split(ab, m, r, x.dtype)
+    grad_h = grad_y @ value.T                              # (N, m)
+    if ctx.kind == "gated":
+        s = ACTIVATIONS[name](a)                           # σ(a), recomputed
+        gh = grad_h.unsqueeze(-1)
+        grad_a = activation_backward(name, gh * b, a, s)
+        grad_b = gh * s
+        h = _sum_rank(s * b)
+    else:
+        p = _sum_rank(a * b)                               # score, recomputed
+        h = ACTIVATIONS[name](p)
+        grad_p = activation_backward(name, grad_h, p, h).unsqueeze(-1)
+        grad_a, grad_b = grad_p * b, grad_p * a
+    grad_a, grad_b = grad_a.reshape(n, m * r), grad_b.reshape(n, m * r)
+    needs = ctx.needs_input_grad
+    return (torch.addmm(grad_a @ query, grad_b, key) if needs[0] else None,   # as eager
+            grad_a.T @ x if needs[1] else None,
+            grad_b.T @ x if needs[2] else None,
+            h.T @ grad_y if needs[3] else None)
+
+
+def _op_autograd(ctx, grad_y, _grad_ab):
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        # create_graph=True on the op called in eager mode: [a; b] carries no graph of its
+        # own, so differentiate the plain formula, as GatedFn does
+        ref = gated_reference if ctx.kind == "gated" else symmetric_reference
+        return _plain_backward(ctx, ref, grad_y)[:4] + (None,) * 4
+    return (*_traced_backward(ctx, grad_y), None, None, None, None)
+
+
+_op_forward.register_autograd(_op_autograd, setup_context=_op_setup_context)
+
+
 def gated(x: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, activation) -> torch.Tensor:
     """Fused gated rank-r MLP on a 2-D batch: x (N, d), query and key (m·r, d), value
     (m, d_out) -> (N, d_out); ``activation`` a registered name. See :class:`GatedFn`."""
-    return _apply(GatedFn, _gated_hidden, gated_reference, x, query, key, value, activation)
+    return _apply(GatedFn, "gated", _gated_hidden, gated_reference, x, query, key, value, activation)
 
 
 def symmetric(x: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, activation) -> torch.Tensor:
     """Fused symmetric rank-r MLP on a 2-D batch, arguments as :func:`gated`. See :class:`SymmetricFn`."""
-    return _apply(SymmetricFn, _symmetric_hidden, symmetric_reference, x, query, key, value, activation)
+    return _apply(SymmetricFn, "symmetric", _symmetric_hidden, symmetric_reference, x, query, key, value, activation)
 
 
 def gated_reference(x, query, key, value, activation: Callable, m: int, r: int) -> torch.Tensor:
