@@ -571,7 +571,9 @@ def _source_tag() -> str:
     return h.hexdigest()[:8]
 
 
-#: The custom op's name, ``qkmlp::fused_forward_<tag>`` (see :func:`_source_tag`).
+#: The custom op's name, ``qkmlp::fused_forward_<tag>``: the tag is 8 hex digits of a hash
+#: of this module's and the activations' source (torch's compile caches key custom ops
+#: by name only, so a changed backward must not reuse a cached one).
 FUSED_OP_NAME = f"qkmlp::fused_forward_{_source_tag()}"
 
 
