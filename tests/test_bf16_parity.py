@@ -24,12 +24,7 @@ def _twins(d, m, dtype, seed=0):
     """A Llama MLP and a rank-1 gated layer holding the same weights."""
     torch.manual_seed(seed)
     llama = LlamaMLP(d, m, dtype=dtype)
-    gated = GatedMLP(d, m, dtype=dtype)
-    with torch.no_grad():
-        gated.query_weight.copy_(llama.gate_proj.weight)
-        gated.key_weight.copy_(llama.up_proj.weight)
-        gated.value.copy_(llama.down_proj.weight.T)
-    return llama, gated
+    return llama, GatedMLP.from_linear(llama.gate_proj, llama.up_proj, llama.down_proj)
 
 
 def _float64_formula(x, llama):

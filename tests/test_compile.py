@@ -167,11 +167,7 @@ def test_compiled_half_equals_eager_llama_bit_for_bit(dtype):
     torch.manual_seed(6)
     d, m = 16, 24
     llama = LlamaMLP(d, m, dtype=dtype)
-    gated = GatedMLP(d, m, dtype=dtype)
-    with torch.no_grad():
-        gated.query_weight.copy_(llama.gate_proj.weight)
-        gated.key_weight.copy_(llama.up_proj.weight)
-        gated.value.copy_(llama.down_proj.weight.T)
+    gated = GatedMLP.from_linear(llama.gate_proj, llama.up_proj, llama.down_proj)
     x = torch.randn(9, d, dtype=dtype, requires_grad=True)
     compiled = torch.compile(gated, fullgraph=True, backend="aot_eager")
     y, yl = compiled(x), llama(x)
