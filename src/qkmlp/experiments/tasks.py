@@ -385,7 +385,7 @@ _QUICK_PROTOCOL = dict(lrs=[3e-3, 1e-2], tune_seeds=[100], seeds=2, max_steps=30
 TASKS: dict[str, Task] = {
     # Without the constant input the symmetric and symmetrised forms tune to small rates
     # (3e-4 after two extensions) and ran out of a 3,000-step budget: hence 12,000 steps
-    # and a third extension.
+    # and a third extension, the same for digits_bias so that the two grids compare.
     "digits": Task(
         "digits",
         sizes={"default": dict(families=TOY_FAMILIES, m_kv=28, fracs=[0.6, 0.2, 0.2], lrs=[3e-3, 1e-2, 3e-2],
@@ -398,8 +398,8 @@ TASKS: dict[str, Task] = {
     "digits_bias": Task(
         "digits_bias",
         sizes={"default": dict(families=TOY_FAMILIES, m_kv=28, fracs=[0.6, 0.2, 0.2], lrs=[3e-3, 1e-2, 3e-2],
-                               tune_seeds=[100], seeds=10, max_steps=3000, eval_every=25, patience=20,
-                               bias=True),
+                               tune_seeds=[100], seeds=10, max_steps=12000, eval_every=25, patience=20,
+                               lr_extensions=3, bias=True),
                "quick": dict(families=["sym1-silu", "gated1-silu"], m_kv=16, fracs=[0.6, 0.2, 0.2], bias=True,
                              **_QUICK_PROTOCOL)},
         cells=_family_cells, run=_digits_run, metric="test_acc", higher_is_better=True,
