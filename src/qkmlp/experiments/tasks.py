@@ -455,7 +455,14 @@ TASKS: dict[str, Task] = {
                              **{**_lm.SIZES["excerpt"], "max_steps": 12, "eval_every": 4, "val_windows": 8}),
                "excerpt": dict(families=["kv-relu", "gated1-silu", "symgated1-silu", "sym1-silu"], tune_seeds=[100],
                                seeds=3, **_lm.SIZES["excerpt"]),
-               "gpu": dict(families=LM_FAMILIES, tune_seeds=[100, 101], seeds=10, **_lm.SIZES["gpu"])},
+               "gpu": dict(families=LM_FAMILIES, tune_seeds=[100, 101], seeds=10, **_lm.SIZES["gpu"]),
+               # A budget check, not a verdict grid: the stored grid's model at ten times its
+               # 600 steps, for the key-value ReLU MLP, SwiGLU and its two symmetric controls,
+               # at the rate all four chose at 600 steps, three seeds (chapter 8).
+               "long": dict(families=["kv-relu", "gated1-silu", "symgated1-silu", "sym1-silu"],
+                            tune_seeds=[100], seeds=3,
+                            **{**_lm.SIZES["cpu"], "max_steps": 6000, "eval_every": 200, "patience": 5,
+                               "lrs": [4e-3]})},
         cells=_family_cells, run=_lm.lm_run, metric="test_loss", higher_is_better=False,
         description="character-level language model on Shakespeare's plays (split by play); "
                     "only the feed-forward blocks change; metric: test nats per character",
