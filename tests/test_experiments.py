@@ -517,3 +517,39 @@ def test_tuning_extends_the_grid_past_an_edge(monkeypatch):
     assert len(res["tune_runs"]) == 2 * 4 and all(r["lr"] == row["lr"] for r in res["runs"])
     res = run_grid("digits", quick=True, progress=False, config={"lrs": [3e-5, 1e-4, 3e-4]})
     assert [r["lr"] for r in res["tuning"]] == [1e-4, 1e-4] and len(res["tune_runs"]) == 6   # interior: no extension
+
+
+def test_a_larger_budget_reuses_the_runs_that_stopped_early_and_equals_a_fresh_grid(tmp_path, monkeypatch):
+    # with a constant rate and no warmup, a run that stopped before a 30-step budget is the
+    # same run under a 60-step one: only the runs that hit the budget train again, and the
+    # grid equals one trained from scratch at 60 steps
+    import qkmlp.experiments.runner as runner
+    cfg = {"max_steps": 30, "eval_every": 5, "patience": 2, "lrs": [1e-3, 3e-2]}
+    small = run_grid("teacher", quick=True, progress=False, config=cfg, cache=tmp_path)
+    early = [r for r in small["runs"] + small["tune_runs"] if r["stopped"] != "budget"]
+    hit = [r for r in small["runs"] + small["tune_runs"] if r["stopped"] == "budget"]
+    assert early and hit, "the quick config should have runs of both kinds"
+    fresh = run_grid("teacher", quick=True, progress=False, config={**cfg, "max_steps": 60})
+    calls = []
+    real = runner.run_cell
+    monkeypatch.setattr(runner, "run_cell", lambda *a, **k: calls.append(a[:3]) or real(*a, **k))
+    big = run_grid("teacher", quick=True, progress=False, cache=tmp_path,
+                   config={**cfg, "max_steps": 60, "reuse_budgets": [30]})
+    assert [strip_provenance(r) for r in save_load(big)["runs"]] == [strip_provenance(r) for r in save_load(fresh)["runs"]]
+    assert save_load(big)["tuning"] == save_load(fresh)["tuning"]
+    reused = [r for r in big["runs"] + big["tune_runs"] if r.get("reused_from_budget") == 30]
+    assert reused and all(r["stopped"] != "budget" for r in reused)
+    assert big["meta"]["runs_reused_from_budgets_here"] == len(reused)
+    assert big["meta"]["runs_computed_here"] == len(calls) == len(big["runs"]) + len(big["tune_runs"]) - len(reused)
+    # no run that hit the 30-step budget was reused
+    hit_keys = {(runner.cell_key(r), r["seed"], r["lr"]) for r in hit}
+    assert not hit_keys & {(runner.cell_key(r), r["seed"], r["lr"]) for r in reused}
+
+
+def test_reuse_budgets_refuses_a_schedule_that_depends_on_the_budget():
+    with pytest.raises(ValueError, match="constant learning rate"):
+        run_grid("lm", quick=True, progress=False, config={"reuse_budgets": [4]})
+    with pytest.raises(ValueError, match="multiples of eval_every"):
+        run_grid("teacher", quick=True, progress=False, config={"reuse_budgets": [7]})
+    with pytest.raises(ValueError, match="smaller than max_steps"):
+        run_grid("teacher", quick=True, progress=False, config={"reuse_budgets": [30]})

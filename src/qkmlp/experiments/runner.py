@@ -18,6 +18,12 @@ i mod world = rank): torchrun ranks (:mod:`.dist`) or independent parts of one g
 skips the jobs whose records are already in the folder, so a grid runs in pieces that
 merge. Each run records the rank and host that computed it.
 
+A larger step budget need not retrain everything: with a constant learning rate and no
+warmup, a run that stopped before its budget (on a plateau, or diverged) is the same run
+under any larger budget. ``cfg["reuse_budgets"]`` lists earlier budgets whose cached
+records of such runs are reused (the record says ``reused_from_budget``); runs that hit
+their budget are trained again.
+
 A results file is ``{"meta", "config", "tuning", "runs", "tune_runs"}``: ``runs`` holds
 the evaluation runs (cell, seed, lr, metrics, curves with at most 41 evaluations, swap
 changes), ``tune_runs`` the tuning runs without curves, ``meta`` the library
@@ -52,7 +58,7 @@ __all__ = ["run_grid", "run_cell", "rerun", "save_results", "load_results", "sum
 
 _CELL_FIELDS = ("teacher", "family", "m_kv")
 # Fields that say where and how fast a run was computed, not what it computed.
-_PROVENANCE = ("wall_s", "rank", "host")
+_PROVENANCE = ("wall_s", "rank", "host", "reused_from_budget")
 
 
 def cell_key(cell: dict) -> tuple:
@@ -181,6 +187,7 @@ class _Exchange:
     def __init__(self, rank: int, world: int, folder: Optional[Path], dist_group=None, poll_s: float = 20.0):
         self.rank, self.world, self.folder, self.dist, self.poll_s = rank, world, folder, dist_group, poll_s
         self.computed = 0       # runs this worker trained (the others came from the folder or other ranks)
+        self.reused = 0         # runs this worker took from an earlier budget's folder
 
     def all_records(self, mine: dict, names: list[str], wait: bool = True) -> Optional[dict]:
         """{job name: record} for every job in ``names``, gathered from all workers."""
@@ -210,15 +217,36 @@ class _Exchange:
             time.sleep(self.poll_s)
 
 
-def _run_jobs(task, jobs, cfg_for, dev, exchange: _Exchange, folder: Optional[Path], bar, wait=True):
-    """Run this worker's share of ``jobs`` (name, cell, seed, lr), reusing stored records."""
+def _earlier_budget_record(name: str, earlier: list) -> Optional[dict]:
+    """The record of job ``name`` in a folder of an earlier budget, if that run stopped
+    before its budget (so it is the same run under the larger one); else None."""
+    for budget, old_folder in earlier:
+        path = old_folder / name
+        if path.exists():
+            rec = json.loads(path.read_text())
+            if rec["stopped"] in ("plateau", "diverged") and rec["steps"] <= budget:
+                return {**rec, "reused_from_budget": budget}
+    return None
+
+
+def _run_jobs(task, jobs, cfg_for, dev, exchange: _Exchange, folder: Optional[Path], bar, wait=True,
+              earlier: tuple = ()):
+    """Run this worker's share of ``jobs`` (name, cell, seed, lr), reusing stored records
+    (of this config, or of an earlier budget in ``earlier``: (budget, folder) pairs)."""
     mine = {}
     for i, (name, cell, seed, lr) in enumerate(jobs):
         if i % exchange.world != exchange.rank:
             continue
         path = folder / name if folder is not None else None
+        reused = _earlier_budget_record(name, earlier) if path is not None and not path.exists() else None
         if path is not None and path.exists():
             rec = json.loads(path.read_text())
+        elif reused is not None:
+            rec = reused
+            exchange.reused += 1
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(rec))
+            tmp.replace(path)
         else:
             label = f"{' '.join(str(v) for _, v in cell_key(cell))} lr={lr:g} s{seed}"
             rec = run_cell(task, cell, seed, {**cfg_for, "lr": lr}, dev, progress=label if bar is not None else None)
@@ -267,11 +295,23 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
     dev = _resolve_device(device)
     grid = cells if cells is not None else t.cells(cfg)
     run_cfg = {k: v for k, v in cfg.items()
-               if k not in ("seeds", "lrs", "tune_seeds", "families", "teachers", "lr_extensions")}
-    folder = None
+               if k not in ("seeds", "lrs", "tune_seeds", "families", "teachers", "lr_extensions", "reuse_budgets")}
+    budgets = list(cfg.get("reuse_budgets", []))
+    if budgets:
+        if cfg.get("schedule", "constant") != "constant" or cfg.get("warmup_frac", 0) or cfg.get("warmup", 0):
+            raise ValueError("reuse_budgets needs a constant learning rate without warmup (otherwise the "
+                             "schedule depends on the budget and an earlier run is not the same run)")
+        bad = [b for b in budgets if not (isinstance(b, int) and 0 < b < cfg["max_steps"]
+                                          and b % cfg["eval_every"] == 0)]
+        if bad:
+            raise ValueError(f"reuse_budgets must be smaller than max_steps ({cfg['max_steps']}) and multiples "
+                             f"of eval_every ({cfg['eval_every']}); got {bad}")
+    folder, earlier = None, []
     if cache is not None:
         folder = Path(cache) / f"{task}-{size}-{_config_hash(task, run_cfg)}"
         folder.mkdir(parents=True, exist_ok=True)
+        earlier = [(b, Path(cache) / f"{task}-{size}-{_config_hash(task, {**run_cfg, 'max_steps': b})}")
+                   for b in sorted(budgets, reverse=True)]
     exchange = _Exchange(rank, world, folder, dist_group, poll_s)
 
     start = time.perf_counter()
@@ -283,7 +323,7 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
         share = (len(tune_jobs) + n_eval + world - 1 - rank) // world
         bar = tqdm(total=share, desc=f"{task} [{rank + 1}/{world}]" if world > 1 else task, unit="run",
                    mininterval=5.0)
-    tune_recs = _run_jobs(task, tune_jobs, run_cfg, dev, exchange, folder, bar)
+    tune_recs = _run_jobs(task, tune_jobs, run_cfg, dev, exchange, folder, bar, earlier=earlier)
     tune_runs = [tune_recs[j[0]] for j in tune_jobs]
     cell_lrs = {cell_key(c): list(lrs) for c in grid}
     tuning = [choose_lr(tune_runs, c, cell_lrs[cell_key(c)]) for c in grid]
@@ -302,7 +342,7 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
             break
         if bar is not None:
             bar.total += (len(extra) + world - 1 - rank) // world
-        more = _run_jobs(task, extra, run_cfg, dev, exchange, folder, bar)
+        more = _run_jobs(task, extra, run_cfg, dev, exchange, folder, bar, earlier=earlier)
         tune_jobs += extra
         tune_runs += [more[j[0]] for j in extra]
         tuning = [choose_lr(tune_runs, c, cell_lrs[cell_key(c)]) for c in grid]
@@ -310,7 +350,8 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
     # seed-major order: an interrupted grid has whole seeds of every cell, so it can be cut to
     # fewer seeds without losing pairs
     eval_jobs = [(_job_name("eval", c, lr_of[cell_key(c)], s), c, s, lr_of[cell_key(c)]) for s in seeds for c in grid]
-    eval_recs = _run_jobs(task, eval_jobs, run_cfg, dev, exchange, folder, bar, wait=(rank == 0))
+    eval_recs = _run_jobs(task, eval_jobs, run_cfg, dev, exchange, folder, bar, wait=(rank == 0),
+                          earlier=earlier)
     if bar is not None:
         bar.close()
     if rank != 0:
@@ -326,7 +367,7 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
         "torch_version": torch.__version__, "python": platform.python_version(), "device": str(dev),
         "hardware": _hardware(dev), "seeds": seeds, "tune_seeds": tune_seeds, "lrs": lrs, "world_size": world,
         "wall_s": time.perf_counter() - start, "run_wall_s_total": sum(r["wall_s"] for r in runs + tune_runs),
-        "runs_computed_here": exchange.computed,
+        "runs_computed_here": exchange.computed, "runs_reused_from_budgets_here": exchange.reused,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     return {"meta": meta, "config": cfg, "tuning": tuning, "runs": runs, "tune_runs": tune_runs}
