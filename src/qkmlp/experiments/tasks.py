@@ -419,9 +419,9 @@ TASKS: dict[str, Task] = {
         cells=_family_cells, run=_modadd_run, metric="test_acc", higher_is_better=True,
         description="a + b mod p, one-hot inputs, pairs split 60/20/20, full-batch AdamW",
     ),
-    # At 4,000 steps every run of five cells (the symmetrised student, and the others under
-    # the symmetrised teacher) hit the budget; at 32,000, 3 of the 10 runs of the
-    # symmetrised student of the symmetrised teacher still did: hence 64,000. Runs that
+    # At 4,000 steps 50 of the 240 evaluation runs hit the budget (every run of three cells);
+    # at 32,000, 3 of the 10 runs of the symmetrised student of the symmetrised teacher
+    # still did: hence 64,000. Runs that
     # stopped before an earlier budget are the same runs (constant rate) and are reused.
     "teacher": Task(
         "teacher",
