@@ -421,8 +421,8 @@ TASKS: dict[str, Task] = {
     ),
     # At 4,000 steps 50 of the 240 evaluation runs hit the budget (every run of three cells);
     # at 32,000, 3 of the 10 runs of the symmetrised student of the symmetrised teacher
-    # still did: hence 64,000. Runs that
-    # stopped before an earlier budget are the same runs (constant rate) and are reused.
+    # still did: hence 64,000. Runs that stopped before an earlier budget are the same
+    # runs (constant rate) and are reused.
     "teacher": Task(
         "teacher",
         sizes={"default": dict(teachers=["kv-relu", "gated1-silu", "symgated1-silu"],
