@@ -439,19 +439,21 @@ TASKS: dict[str, Task] = {
     # with it all 33 tuning runs at rates 2.5e-3 to 1e-2 stopped on a plateau (best steps
     # 1,900-10,700), 9 of 11 families best at 2.5e-3; at 1.25e-3 two probes (kv-relu,
     # symgated2-silu) stopped on a plateau with best steps 13,500 and 10,700. Hence the
-    # rates 1.25e-3 to 5e-3. The decayed loss floor falls with the rate, so three families
-    # (bilinear, symmetrised SwiGLU r=1 and r=2) tune to an extension at 6.25e-4, and at
-    # 20,000 steps they hit the budget in 7, 7 and 3 of their 10 evaluation runs. Probes of
-    # the symmetrised SwiGLU (seed 100) at 60,000 steps stopped on a plateau at 6.25e-4
-    # (best step 16,800, val 0.020) and at 3.13e-4 (best step 31,800, val 0.059): hence
-    # 40,000 steps, the runs that stopped before 20,000 reused.
+    # rates 1.25e-3 to 5e-3 and 20,000 steps. Open: the decayed loss floor falls with the
+    # rate, so three families (bilinear, symmetrised SwiGLU r=1 and r=2) tune to an
+    # extension at 6.25e-4 and hit the budget in 7, 7 and 3 of their 10 evaluation runs
+    # (recall.json; chapter 8 labels them). A longer budget does not settle it: with
+    # max_steps=40000 (reuse_budgets=[20000]) the tuning moved ReGLU and the symmetrised
+    # SwiGLU r=2 to 3.13e-4, the lowest rate the grid allows, and their tuning runs there
+    # hit 40,000 steps too (best steps 40,000 and 39,300). What should fix it: a decaying
+    # schedule, or a weight decay that does not scale with the rate.
     "recall": Task(
         "recall",
         sizes={"default": dict(families=SLOW_TOY_FAMILIES + RANK2_FAMILIES[:2], sizes=[12], n_subjects=64,
                                n_relations=8, n_values=32, n_filler=16, seq_len=6, d=32, n_train=8192, n_val=2048,
                                n_test=2048, batch_size=128, lrs=[1.25e-3, 2.5e-3, 5e-3], tune_seeds=[100],
-                               seeds=10, max_steps=40000, eval_every=100, patience=10, optimizer="adamw",
-                               weight_decay=0.1, reuse_budgets=[20000]),
+                               seeds=10, max_steps=20000, eval_every=100, patience=10, optimizer="adamw",
+                               weight_decay=0.1),
                "quick": dict(families=_Q2, sizes=[4], n_subjects=4, n_relations=2, n_values=4, n_filler=3,
                              seq_len=4, d=8, n_train=64, n_val=32, n_test=32, batch_size=16, **_QUICK_PROTOCOL)},
         cells=_recall_cells, run=_recall_run, metric="test_loss", higher_is_better=False,
