@@ -238,11 +238,9 @@ def _run_jobs(task, jobs, cfg_for, dev, exchange: _Exchange, folder: Optional[Pa
         if i % exchange.world != exchange.rank:
             continue
         path = folder / name if folder is not None else None
-        reused = _earlier_budget_record(name, earlier) if path is not None and not path.exists() else None
         if path is not None and path.exists():
             rec = json.loads(path.read_text())
-        elif reused is not None:
-            rec = reused
+        elif path is not None and (rec := _earlier_budget_record(name, earlier)) is not None:
             exchange.reused += 1
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(rec))
