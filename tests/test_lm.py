@@ -157,6 +157,35 @@ def test_early_stopping_restores_the_best_weights():
         assert torch.equal(v, snapshots[2][k])
 
 
+def test_lr_drops_lower_the_rate_on_a_plateau_then_stop_on_the_next():
+    # A linear loss has a constant gradient, so each Adam step moves a weight by the rate
+    # itself (up to eps): the steps read the rate back, independently of the loop.
+    model = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    scripted = iter([5.0, 4.0, 3.0, 3.5, 3.6, 3.7, 2.0, 2.5, 2.6, 2.7, 0.0])
+    weights = []
+
+    def batch(step, gen):
+        weights.append(float(model.weight.detach()))
+        return ()
+
+    rec = train(model, batch, lambda m, b: m.weight.sum(), lambda m: next(scripted),
+                lr=0.01, max_steps=100, eval_every=2, patience=3, seed=0, lr_drops=1, drop_factor=0.25)
+    # plateau after step 10 (three evaluations without a new best): drop; new best at 12;
+    # plateau again after 18: no drop left, stop
+    assert rec["lr_drop_steps"] == [10] and rec["stopped"] == "plateau"
+    assert rec["best_step"] == 12 and rec["steps"] == 18 and rec["best_val_loss"] == 2.0
+    steps = [b - a for a, b in zip(weights, weights[1:])]
+    assert steps[:10] == pytest.approx([-0.01] * 10, rel=1e-5)
+    assert steps[10:] == pytest.approx([-0.0025] * 7, rel=1e-5)
+    with pytest.raises(ValueError, match="drop_factor"):
+        train(model, batch, lambda m, b: m.weight.sum(), lambda m: 0.0, lr=0.01, max_steps=1, eval_every=1,
+              patience=1, seed=0, lr_drops=1, drop_factor=1.0)
+    with pytest.raises(ValueError, match="lr_drops"):
+        train(model, batch, lambda m, b: m.weight.sum(), lambda m: 0.0, lr=0.01, max_steps=1, eval_every=1,
+              patience=1, seed=0, lr_drops=-1)
+
+
 def test_training_rejects_bad_settings():
     model = torch.nn.Linear(2, 1)
     args = (lambda s, g: None, lambda m, b: None, lambda m: 0.0)

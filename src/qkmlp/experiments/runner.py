@@ -18,8 +18,8 @@ i mod world = rank): torchrun ranks (:mod:`.dist`) or independent parts of one g
 skips the jobs whose records are already in the folder, so a grid runs in pieces that
 merge. Each run records the rank and host that computed it.
 
-A larger step budget need not retrain everything: with a constant learning rate and no
-warmup, a run that stopped before its budget (on a plateau, or diverged) is the same run
+A larger step budget need not retrain everything: with a constant learning rate (lowered
+on plateaus only, ``lr_drops``) and no warmup, a run that stopped before its budget (on a plateau, or diverged) is the same run
 under any larger budget. ``cfg["reuse_budgets"]`` lists earlier budgets whose cached
 records of such runs are reused (the record says ``reused_from_budget``); runs that hit
 their budget are trained again.

@@ -103,7 +103,7 @@ def _fit_eval(model, ffn, data, ffn_inputs, cfg, seed, loss, progress):
     rec = train(model, batch, lambda m, b: loss_f(m(b[0]), b[1]), lambda m: loss_f(m(xva), yva),
                 lr=cfg["lr"], max_steps=cfg["max_steps"], eval_every=cfg["eval_every"], patience=cfg["patience"],
                 seed=seed, optimizer=cfg.get("optimizer", "adam"), weight_decay=cfg.get("weight_decay", 0.0),
-                progress=progress)
+                lr_drops=cfg.get("lr_drops", 0), drop_factor=cfg.get("drop_factor", 0.1), progress=progress)
     with torch.no_grad():
         out_va, out_te = model(xva), model(xte)          # the test split, read once
         rec["val_loss"] = float(loss_f(out_va, yva))

@@ -6,6 +6,14 @@ steps and keeps a copy of the weights with the lowest validation loss so far. It
 when the validation loss has not improved for ``patience`` evaluations (a *plateau*) or
 at ``max_steps`` (the *budget*), whichever comes first, and restores the best weights.
 The test set is not seen here: the caller evaluates it once, on the restored model.
+
+With ``lr_drops=k`` a plateau first lowers the learning rate (times ``drop_factor``) and
+training goes on from the current weights, up to k times; the run stops on the plateau
+after the k-th drop. This is ReduceLROnPlateau: it anneals away the noise floor of a
+constant rate (with AdamW's decoupled decay the floor falls with the rate, so tuning a
+constant rate by validation loss drifts to ever smaller rates and longer runs). The drops
+depend on the validation curve only, never on ``max_steps``, so a run that stops before
+its budget is the same run under any larger budget.
 """
 from __future__ import annotations
 
@@ -49,6 +57,8 @@ def train(
     weight_decay: float = 0.0,
     schedule: str = "constant",
     warmup: int = 0,
+    lr_drops: int = 0,
+    drop_factor: float = 0.1,
     grad_clip: Optional[float] = None,
     n_curve: int = 25,
     progress: Optional[str] = None,
@@ -63,11 +73,16 @@ def train(
     The record: ``best_step`` and ``best_val_loss`` (of the restored weights), ``stopped``
     ("plateau" or "budget"), ``steps`` run, ``train_loss`` (mean of the last 5 % of
     steps), ``curve`` (validation loss at every evaluation; training loss subsampled) and
-    ``diverged`` (a non-finite training loss stopped the run).
+    ``diverged`` (a non-finite training loss stopped the run); with ``lr_drops`` also
+    ``lr_drop_steps``, the steps after which the rate was lowered.
     """
     for v, name in ((max_steps, "max_steps"), (eval_every, "eval_every"), (patience, "patience")):
         if not (isinstance(v, int) and v >= 1):
             raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if not (isinstance(lr_drops, int) and lr_drops >= 0):
+        raise ValueError(f"lr_drops must be a non-negative integer, got {lr_drops!r}")
+    if not (isinstance(drop_factor, (int, float)) and 0 < drop_factor < 1):
+        raise ValueError(f"drop_factor must be in (0, 1), got {drop_factor!r}")
     if not (math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
     params = [p for p in model.parameters() if p.requires_grad]
@@ -92,10 +107,11 @@ def train(
     val_steps, val_losses = [0], [best_val]
     history: list[float] = []
     since_best, stopped, diverged = 0, "budget", False
+    scale, drop_steps = 1.0, []                 # the rate is lr_at(...) * scale
     model.train()
     for step in range(max_steps):
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, lr, schedule, max_steps, warmup)
+            g["lr"] = lr_at(step, lr, schedule, max_steps, warmup) * scale
         b = batch(step, gen)
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model, b)
@@ -122,6 +138,11 @@ def train(
             else:
                 since_best += 1
                 if since_best >= patience:
+                    if len(drop_steps) < lr_drops:
+                        scale *= drop_factor
+                        drop_steps.append(step + 1)
+                        since_best = 0
+                        continue
                     stopped = "plateau"
                     break
     if bar is not None:
@@ -130,7 +151,9 @@ def train(
     model.eval()
     tail = history[-max(1, len(history) // 20):]
     idx = _sub_index(len(history), n_curve)
+    extra = {"lr_drop_steps": drop_steps} if lr_drops else {}
     return {
+        **extra,
         "best_step": best_step,
         "best_val_loss": best_val,
         "stopped": stopped,
