@@ -35,7 +35,8 @@ def main(argv=None) -> int:
     p.add_argument("--size", default=None,
                    help="a task's config: default (the stored grid), quick (a smoke test), and for lm also "
                         "excerpt (the committed excerpt), long (a ten-times budget check), long_all (every family at "
-                        "that length, tuned) and gpu (a larger model)")
+                        "that length, tuned), replicate (SwiGLU against its symmetrised control at that "
+                        "length, ten new seeds) and gpu (a larger model)")
     p.add_argument("--quick", action="store_true", help="the same as --size quick")
     p.add_argument("--device", default="cpu", help="cpu or cuda (cuda:0, ...)")
     p.add_argument("--seeds", type=int, default=None, help="number of evaluation seeds (default: the config's)")

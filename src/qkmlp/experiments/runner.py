@@ -268,7 +268,7 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
 
     ``size`` picks one of the task's configs (default ``"default"``; ``quick=True`` is
     ``size="quick"``); ``config`` overrides it key by key; ``seeds`` the evaluation seeds
-    (default ``range(cfg["seeds"])``); ``cells`` restricts the grid. ``cache``: a folder for
+    (default ``range(cfg["seeds"])``, or ``cfg["seeds"]`` itself when it is a list); ``cells`` restricts the grid. ``cache``: a folder for
     per-job records (resume, parts). ``rank``/``world``: this worker's share; with
     ``dist_group`` (torch.distributed initialised) records are gathered collectively,
     otherwise through ``cache``. Workers other than rank 0 return None.
@@ -276,7 +276,9 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
     t = get_task(task)
     size = "quick" if quick and size is None else (size or "default")
     cfg = {**t.config(size), **(config or {})}
-    seeds = list(range(cfg["seeds"])) if seeds is None else list(seeds)
+    if seeds is None:    # the config gives a count (seeds 0 … n − 1) or the seeds themselves
+        seeds = list(range(cfg["seeds"])) if isinstance(cfg["seeds"], int) else list(cfg["seeds"])
+    seeds = list(seeds)
     if not seeds:
         raise ValueError("seeds must not be empty (at least one evaluation seed)")
     if any(not isinstance(s, int) or s < 0 for s in seeds):
