@@ -301,6 +301,18 @@ def test_run_grid_rejects_bad_seeds():
         run_grid("digits", quick=True, progress=False, rank=0, world=2)
 
 
+def test_a_config_may_list_its_seeds_and_those_are_the_seeds_run(monkeypatch):
+    import qkmlp.experiments.runner as runner
+    ran, real = [], runner.run_cell
+    monkeypatch.setattr(runner, "run_cell", lambda *a, **k: ran.append((a[2], a[3]["lr"])) or real(*a, **k))
+    res = run_grid("digits", quick=True, progress=False, cells=[{"family": "kv-relu"}],
+                   config={"seeds": [7, 9], "lrs": [1e-2]})
+    assert res["meta"]["seeds"] == [7, 9] and sorted(r["seed"] for r in res["runs"]) == [7, 9]
+    assert sorted(ran) == [(7, 1e-2), (9, 1e-2), (100, 1e-2)]     # two evaluation runs, one tuning run
+    with pytest.raises(ValueError, match="disjoint"):
+        run_grid("digits", quick=True, progress=False, config={"seeds": [100]})
+
+
 @pytest.mark.slow
 def test_parts_with_a_shared_cache_equal_one_process_and_resume(tmp_path, monkeypatch):
     # two independent processes share the jobs through a cache folder; part 1 writes the file
