@@ -16,7 +16,9 @@ Jobs are sharded by index over ``world`` workers (``rank`` takes jobs i with
 i mod world = rank): torchrun ranks (:mod:`.dist`) or independent parts of one grid
 (``part``) that share a folder of per-job records (``cache``). A part (or a resumed run)
 skips the jobs whose records are already in the folder, so a grid runs in pieces that
-merge. Each run records the rank and host that computed it.
+merge; a part that has finished its share takes over the jobs the others have not
+started (a claim file per job), so no part idles while another has a queue. Each run
+records the rank and host that computed it.
 
 A larger step budget need not retrain everything: with a constant learning rate (lowered
 on plateaus only, ``lr_drops``) and no warmup, a run that stopped before its budget (on a plateau, or diverged) is the same run
@@ -188,6 +190,7 @@ class _Exchange:
         self.rank, self.world, self.folder, self.dist, self.poll_s = rank, world, folder, dist_group, poll_s
         self.computed = 0       # runs this worker trained (the others came from the folder or other ranks)
         self.reused = 0         # runs this worker took from an earlier budget's folder
+        self._announced = False
 
     def all_records(self, mine: dict, names: list[str], wait: bool = True) -> Optional[dict]:
         """{job name: record} for every job in ``names``, gathered from all workers."""
@@ -202,19 +205,17 @@ class _Exchange:
             for part in gathered:
                 out.update(part)
             return out
-        # independent parts: wait until every job's record is in the shared folder
-        announced = False
-        while True:
-            missing = [n for n in names if not (self.folder / n).exists()]
-            if not missing:
-                return {n: json.loads((self.folder / n).read_text()) for n in names}
-            if not wait:
-                return None
-            if not announced:
-                print(f"part {self.rank + 1}/{self.world}: waiting for {len(missing)} runs of the other parts "
-                      f"in {self.folder}", flush=True)
-                announced = True
-            time.sleep(self.poll_s)
+        # independent parts: _run_jobs has waited until every record is in the shared folder
+        if not all((self.folder / n).exists() for n in names):
+            return None
+        return {n: json.loads((self.folder / n).read_text()) for n in names}
+
+    def wait_note(self, n_missing: int) -> None:
+        """Say once per phase that this part waits for runs the other parts are computing."""
+        if not self._announced:
+            print(f"part {self.rank + 1}/{self.world}: waiting for {n_missing} runs of the other parts "
+                  f"in {self.folder}", flush=True)
+            self._announced = True
 
 
 def _earlier_budget_record(name: str, earlier: list) -> Optional[dict]:
@@ -229,35 +230,105 @@ def _earlier_budget_record(name: str, earlier: list) -> Optional[dict]:
     return None
 
 
+def _claim(path: Path) -> bool:
+    """Claim the job whose record is ``path`` for this process (atomically: the claim file
+    ``<job>.claim`` holds "host pid"). A claim left by a dead process on this host is taken
+    over; a live claim, or one from another host, is respected."""
+    claim = path.with_suffix(".claim")
+    for _ in range(2):
+        try:
+            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if not _stale(claim):
+                return False
+            claim.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{socket.gethostname()} {os.getpid()}")
+        return True
+    return False
+
+
+def _stale(claim: Path) -> bool:
+    """True when the claim's process is gone (same host, no such pid) or is this process
+    (which is not running that job now: an earlier grid in it stopped with an error);
+    False when it is alive, on another host, or the claim cannot be read."""
+    try:
+        host, pid = claim.read_text().split()
+        pid = int(pid)
+    except (OSError, ValueError):
+        return False
+    if host != socket.gethostname():
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def _run_jobs(task, jobs, cfg_for, dev, exchange: _Exchange, folder: Optional[Path], bar, wait=True,
               earlier: tuple = ()):
     """Run this worker's share of ``jobs`` (name, cell, seed, lr), reusing stored records
-    (of this config, or of an earlier budget in ``earlier``: (budget, folder) pairs)."""
-    mine = {}
-    for i, (name, cell, seed, lr) in enumerate(jobs):
-        if i % exchange.world != exchange.rank:
-            continue
+    (of this config, or of an earlier budget in ``earlier``: (budget, folder) pairs).
+
+    Independent parts (a shared folder, no torch.distributed) also take over the other
+    parts' jobs that nobody has claimed yet, last first, so no part idles while another
+    still has a queue; a claim file per job keeps two parts off the same job. Every run is
+    determined by its job, so who computes it changes only its ``rank`` and ``host``.
+    """
+    parts = exchange.world > 1 and exchange.dist is None
+    mine, names = {}, [j[0] for j in jobs]
+
+    def one(job, claim: bool):
+        name, cell, seed, lr = job
         path = folder / name if folder is not None else None
         if path is not None and path.exists():
-            rec = json.loads(path.read_text())
-        elif path is not None and (rec := _earlier_budget_record(name, earlier)) is not None:
+            return json.loads(path.read_text())
+        if path is not None and (rec := _earlier_budget_record(name, earlier)) is not None:
             exchange.reused += 1
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(rec))
-            tmp.replace(path)
         else:
+            if claim and not _claim(path):
+                return None                     # another part has it
             label = f"{' '.join(str(v) for _, v in cell_key(cell))} lr={lr:g} s{seed}"
             rec = run_cell(task, cell, seed, {**cfg_for, "lr": lr}, dev, progress=label if bar is not None else None)
             rec["rank"] = exchange.rank
             exchange.computed += 1
-            if path is not None:
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(rec))
-                tmp.replace(path)
-        mine[name] = rec
+        if path is not None:
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(rec))
+            tmp.replace(path)
+            path.with_suffix(".claim").unlink(missing_ok=True)
+        return rec
+
+    def tick(own: bool):
         if bar is not None:
+            if not own and bar.n >= bar.total:
+                bar.total += 1
             bar.update(1)
-    return exchange.all_records(mine, [j[0] for j in jobs], wait=wait)
+
+    own = [j for i, j in enumerate(jobs) if i % exchange.world == exchange.rank]
+    for job in own:
+        rec = one(job, claim=parts)
+        if rec is not None:
+            mine[job[0]] = rec
+        tick(True)
+    if parts:
+        while True:
+            missing = [j for j in jobs if not (folder / j[0]).exists()]
+            for job in reversed(missing):       # the other parts' queues, from their ends
+                if not (folder / job[0]).exists() and (rec := one(job, claim=True)) is not None:
+                    mine[job[0]] = rec
+                    tick(False)
+            if not wait or all((folder / n).exists() for n in names):
+                break
+            exchange.wait_note(len([n for n in names if not (folder / n).exists()]))
+            time.sleep(exchange.poll_s)
+    return exchange.all_records(mine, names, wait=wait)
 
 
 def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[dict] = None, device="cpu",
