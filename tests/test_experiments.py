@@ -375,6 +375,26 @@ def test_claims_keep_parts_off_each_others_jobs_and_expire_with_their_process(tm
     assert not _claim(job)
 
 
+def test_every_stored_grid_is_what_its_command_runs_now():
+    # `python -m qkmlp.experiments --task T --size S` must regenerate each stored file: the
+    # stored config is the task's current config for that size (the seeds may have been
+    # given on the command line: the stored seeds are those the current config runs)
+    from pathlib import Path
+    from qkmlp.experiments import get_task
+    files = sorted((Path(__file__).resolve().parents[1] / "book" / "data" / "experiments").glob("*.json"))
+    assert len(files) >= 8
+    for path in files:
+        res = json.loads(path.read_text())
+        meta = res["meta"]
+        now = json.loads(json.dumps(get_task(meta["task"]).config(meta["size"])))
+        assert {k: v for k, v in res["config"].items() if k != "seeds"} == \
+            {k: v for k, v in now.items() if k != "seeds"}, path.name
+        seeds = list(range(now["seeds"])) if isinstance(now["seeds"], int) else now["seeds"]
+        assert meta["seeds"] == seeds, path.name
+        assert path.name == f"{meta['task']}.json" if meta["size"] == "default" else \
+            path.name == f"{meta['task']}_{meta['size']}.json"
+
+
 def save_load(results):
     """The results as they read back from a file (floats rounded to 5 digits)."""
     import tempfile
