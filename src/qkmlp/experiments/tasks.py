@@ -23,9 +23,10 @@ Tasks (all data generated, bundled or fetched at install time; no downloads at r
   layer of one family (the teacher) and every family in turn is the student.
 - ``recall``: a one-block transformer that must recall a fact f(subject, relation) from
   a fixed random table; subject and relation sit at random positions among filler
-  tokens. Attention has to gather the two tokens and, because the readout of a sum of
-  two embeddings is additive, only the feed-forward block can store the table. Only
-  the feed-forward block changes between families. Minibatch AdamW with weight decay
+  tokens. Attention has to gather the two tokens; a readout of their mixed embeddings is
+  close to additive in subject and relation, so the feed-forward block is what makes the
+  answer depend on both at once (the learned subject embeddings hold the table with it).
+  Only the feed-forward block changes between families. Minibatch AdamW with weight decay
   0.1, which gives the cross-entropy a floor once the table is stored.
 - ``lm``: a character-level transformer language model on Shakespeare's plays
   (:mod:`.lm`, :mod:`.corpus`).
