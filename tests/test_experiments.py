@@ -348,7 +348,8 @@ def test_a_part_alone_takes_over_the_other_parts_jobs(tmp_path):
     # (before work stealing it waited for ever); the grid equals a one-process grid
     one = run_grid("modadd", quick=True, progress=False)
     alone = run_grid("modadd", quick=True, progress=False, cache=tmp_path, rank=0, world=2, poll_s=0.01)
-    assert [strip_provenance(r) for r in save_load(alone)["runs"]] == [strip_provenance(r) for r in save_load(one)["runs"]]
+    assert [strip_provenance(r) for r in save_load(alone)["runs"]] == \
+        [strip_provenance(r) for r in save_load(one)["runs"]]
     assert {r["rank"] for r in alone["runs"] + alone["tune_runs"]} == {0}
     assert alone["meta"]["runs_computed_here"] == len(one["runs"]) + len(one["tune_runs"])
 

@@ -21,10 +21,10 @@ started (a claim file per job), so no part idles while another has a queue. Each
 records the rank and host that computed it.
 
 A larger step budget need not retrain everything: with a constant learning rate (lowered
-on plateaus only, ``lr_drops``) and no warmup, a run that stopped before its budget (on a plateau, or diverged) is the same run
-under any larger budget. ``cfg["reuse_budgets"]`` lists earlier budgets whose cached
-records of such runs are reused (the record says ``reused_from_budget``); runs that hit
-their budget are trained again.
+on plateaus only, ``lr_drops``) and no warmup, a run that stopped before its budget (on a
+plateau, or diverged) is the same run under any larger budget. ``cfg["reuse_budgets"]``
+lists earlier budgets whose cached records of such runs are reused (the record says
+``reused_from_budget``); runs that hit their budget are trained again.
 
 A results file is ``{"meta", "config", "tuning", "runs", "tune_runs"}``: ``runs`` holds
 the evaluation runs (cell, seed, lr, metrics, curves with at most 41 evaluations, swap
@@ -294,6 +294,9 @@ def _run_jobs(task, jobs, cfg_for, dev, exchange: _Exchange, folder: Optional[Pa
         else:
             if claim and not _claim(path):
                 return None                     # another part has it
+            if claim and path.exists():         # finished by another part just before the claim
+                path.with_suffix(".claim").unlink(missing_ok=True)
+                return json.loads(path.read_text())
             label = f"{' '.join(str(v) for _, v in cell_key(cell))} lr={lr:g} s{seed}"
             rec = run_cell(task, cell, seed, {**cfg_for, "lr": lr}, dev, progress=label if bar is not None else None)
             rec["rank"] = exchange.rank
@@ -339,10 +342,12 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
 
     ``size`` picks one of the task's configs (default ``"default"``; ``quick=True`` is
     ``size="quick"``); ``config`` overrides it key by key; ``seeds`` the evaluation seeds
-    (default ``range(cfg["seeds"])``, or ``cfg["seeds"]`` itself when it is a list); ``cells`` restricts the grid. ``cache``: a folder for
-    per-job records (resume, parts). ``rank``/``world``: this worker's share; with
-    ``dist_group`` (torch.distributed initialised) records are gathered collectively,
-    otherwise through ``cache``. Workers other than rank 0 return None.
+    (default ``range(cfg["seeds"])``, or ``cfg["seeds"]`` itself when it is a list);
+    ``cells`` restricts the grid. ``cache``: a folder for per-job records (resume, parts).
+    ``rank``/``world``: this worker's share; with ``dist_group`` (torch.distributed
+    initialised) records are gathered collectively, otherwise through ``cache`` (where a
+    part also takes over unclaimed jobs of the others). Workers other than rank 0 return
+    None.
     """
     t = get_task(task)
     size = "quick" if quick and size is None else (size or "default")
