@@ -182,6 +182,24 @@ def test_recall_data_places_subject_relation_and_query():
         recall_data(S, R, V, Fi, L, 10, table[:2], seed=0)
 
 
+@pytest.mark.parametrize("frozen", [False, True])
+def test_recall_frozen_embeddings_keeps_the_token_vectors(frozen, monkeypatch):
+    import qkmlp.experiments.tasks as tasks
+    made = []
+
+    class Spy(tasks.TinyTransformer):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append((self, self.tok.weight.detach().clone(), self.pos.weight.detach().clone()))
+
+    monkeypatch.setattr(tasks, "TinyTransformer", Spy)
+    cfg = {**TASKS["recall"].config("quick"), "lr": 1e-2, "frozen_embeddings": frozen}
+    run_cell("recall", {"family": "gated1-silu", "m_kv": 4}, 0, cfg)
+    model, tok0, pos0 = made[0]
+    assert torch.equal(model.tok.weight, tok0) == frozen
+    assert not torch.equal(model.pos.weight, pos0)             # the rest still trains
+
+
 def test_tiny_transformer_last_position_equals_full_attention():
     torch.manual_seed(0)
     ffn = make_layer("gated1-silu", 8, 8, 64)

@@ -355,6 +355,8 @@ def _recall_run(cell, seed, cfg, device, progress=None):
     ffn = make_layer(cell["family"], d, d, kv_budget(d, d, cell["m_kv"]))
     torch.manual_seed(3000 + seed)     # the rest of the model starts identical across families
     model = TinyTransformer(S + R + Fi + 1, L, d, V, ffn).to(device)
+    if cfg.get("frozen_embeddings"):   # random fixed token vectors: the table cannot live in them
+        model.tok.weight.requires_grad_(False)
     rec = _fit_eval(model, model.ffn, data, lambda: model.ffn_inputs(data[4]).detach(), cfg, seed,
                     "cross_entropy", progress)
     rec.update(params=parameter_count(model.ffn), model_params=parameter_count(model),
@@ -458,7 +460,10 @@ TASKS: dict[str, Task] = {
     # tail; a table larger than the layer can hold (accuracy as the metric) is the next design,
     # and it must be larger than 512 subjects: with lr_drops=2 the symmetrised SwiGLU stored
     # 4,096 facts (512 subjects, 32,768 training sequences) to 99.0 % test accuracy at
-    # 1.25e-3 (one drop at 37,700; still improving at 60,000 steps).
+    # 1.25e-3 (one drop at 37,700; still improving at 60,000 steps): the learned subject
+    # embeddings (S x d) grow with the table. ``frozen_embeddings=True`` (no stored grid uses
+    # it yet) keeps the token vectors at their random start, so the table must live in the
+    # trained blocks: the candidate for a capacity-limited design.
     "recall": Task(
         "recall",
         sizes={"default": dict(families=SLOW_TOY_FAMILIES + RANK2_FAMILIES[:2], sizes=[12], n_subjects=64,
