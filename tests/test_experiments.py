@@ -586,6 +586,20 @@ def test_late_gain():
     assert late_gain([0, 20, 40, 60, 80, 100], [5, 4, 1, 2, 2, 2]) == 0.0
 
 
+def test_compacting_a_stored_record_keeps_it():
+    # a record read back from a results file (rounded, curve already compacted) must come
+    # out of the grid unchanged, late_gain included (it was computed from the full curve)
+    from qkmlp.experiments.runner import _compact_curve, _round
+    steps = list(range(0, 6001, 50))
+    rec = {"family": "kv-relu", "curve": {"val_step": steps,
+                                          "val_loss": [2 + 1 / (1 + s / 500) + 1e-7 * (s % 3) for s in steps]}}
+    once = json.loads(json.dumps(_round(_compact_curve(rec))))
+    assert len(once["curve"]["val_step"]) == 41 and once["late_gain"] > 0
+    assert _compact_curve(once) == once
+    fresh = _compact_curve({k: v for k, v in once.items() if k != "late_gain"})
+    assert fresh["late_gain"] != once["late_gain"]     # recomputed from the 41 rounded points
+
+
 def test_tuning_extends_the_grid_past_an_edge(monkeypatch):
     import math as _m
 

@@ -461,13 +461,15 @@ def late_gain(steps: list, losses: list, last_frac: float = 0.2) -> float:
 def _compact_curve(rec: dict, n: int = 41) -> dict:
     """The record with ``late_gain`` (from the full validation curve) and the curve
     subsampled to at most n evaluations (first and last kept), so the stored file stays
-    small; the run itself is unchanged."""
+    small; the run itself is unchanged. A record read back from a stored file (a cache
+    seeded from it) keeps its ``late_gain``: that one came from the full, unrounded curve."""
     from .train import _sub_index
 
     curve = rec.get("curve")
     if not curve:
         return dict(rec)
-    out = {**rec, "late_gain": late_gain(curve["val_step"], curve["val_loss"])}
+    gain = rec["late_gain"] if "late_gain" in rec else late_gain(curve["val_step"], curve["val_loss"])
+    out = {**rec, "late_gain": gain}
     if len(curve["val_step"]) > n:
         idx = _sub_index(len(curve["val_step"]), n)
         out["curve"] = {**curve, "val_step": [curve["val_step"][i] for i in idx],
