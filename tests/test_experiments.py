@@ -422,6 +422,19 @@ def save_load(results):
         return load_results(save_results(results, Path(d) / "r.json"))
 
 
+def test_toy_tasks_follow_the_schedule():
+    # a toy task's schedule and warm-up used to be ignored without a word: a cosine run must
+    # differ from the constant-rate run, a warm-up must change it again, and a bad name fail
+    cell = {"family": "kv-relu"}
+    const = run_cell("digits", cell, 0, _quick("digits"))
+    cos = run_cell("digits", cell, 0, _quick("digits", schedule="cosine"))
+    warm = run_cell("digits", cell, 0, _quick("digits", schedule="cosine", warmup_frac=0.5))
+    assert len({const["test_loss"], cos["test_loss"], warm["test_loss"]}) == 3
+    assert run_cell("digits", cell, 0, _quick("digits", schedule="constant"))["test_loss"] == const["test_loss"]
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        run_cell("digits", cell, 0, _quick("digits", schedule="linear-ish"))
+
+
 def test_device_checks():
     with pytest.raises(ValueError, match="device"):
         run_cell("digits", {"family": "kv-relu"}, 0, _quick("digits"), device="meta")

@@ -87,7 +87,9 @@ def _fit_eval(model, ffn, data, ffn_inputs, cfg, seed, loss, progress):
 
     ``data`` = (x_train, y_train, x_val, y_val, x_test, y_test); ``ffn`` is the compared
     layer inside ``model`` and ``ffn_inputs()`` what it sees on the test inputs (for the
-    swap measurement). Minibatches of ``cfg["batch_size"]`` (None: full batch).
+    swap measurement). Minibatches of ``cfg["batch_size"]`` (None: full batch). The rate
+    follows ``cfg["schedule"]`` (default constant) after a warm-up of ``warmup_frac`` of
+    ``max_steps`` (default none), as in the language model.
     """
     xtr, ytr, xva, yva, xte, yte = data
     loss_f = F.cross_entropy if loss == "cross_entropy" else F.mse_loss
@@ -104,7 +106,8 @@ def _fit_eval(model, ffn, data, ffn_inputs, cfg, seed, loss, progress):
     rec = train(model, batch, lambda m, b: loss_f(m(b[0]), b[1]), lambda m: loss_f(m(xva), yva),
                 lr=cfg["lr"], max_steps=cfg["max_steps"], eval_every=cfg["eval_every"], patience=cfg["patience"],
                 seed=seed, optimizer=cfg.get("optimizer", "adam"), weight_decay=cfg.get("weight_decay", 0.0),
-                lr_drops=cfg.get("lr_drops", 0), drop_factor=cfg.get("drop_factor", 0.1), progress=progress)
+                lr_drops=cfg.get("lr_drops", 0), drop_factor=cfg.get("drop_factor", 0.1), progress=progress,
+                schedule=cfg.get("schedule", "constant"), warmup=int(cfg.get("warmup_frac", 0) * cfg["max_steps"]))
     with torch.no_grad():
         out_va, out_te = model(xva), model(xte)          # the test split, read once
         rec["val_loss"] = float(loss_f(out_va, yva))
