@@ -435,6 +435,18 @@ def test_toy_tasks_follow_the_schedule():
         run_cell("digits", cell, 0, _quick("digits", schedule="linear-ish"))
 
 
+def test_unknown_config_keys_are_refused():
+    cell = {"family": "kv-relu"}
+    with pytest.raises(ValueError, match=r"no config keys \['optimzer'\]"):
+        run_cell("digits", cell, 0, _quick("digits", optimzer="sgd"))
+    with pytest.raises(ValueError, match=r"no config keys \['lr_drops'\]"):   # the LM loop has no drops
+        run_grid("lm", quick=True, config={"lr_drops": 1}, progress=False)
+    # every stored size of every task passes its own check
+    for t in TASKS.values():
+        for size in t.sizes:
+            t.check_config({**t.config(size), "lr": 1e-3})
+
+
 def test_device_checks():
     with pytest.raises(ValueError, match="device"):
         run_cell("digits", {"family": "kv-relu"}, 0, _quick("digits"), device="meta")

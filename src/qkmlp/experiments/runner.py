@@ -140,6 +140,7 @@ def run_cell(task: str, cell: dict, seed: int, config: Optional[dict] = None, de
     """
     t = get_task(task)
     cfg = {**t.defaults, **(config or {})}
+    t.check_config(cfg)
     if "lr" not in cfg:
         raise ValueError("config must give the learning rate 'lr' (run_grid tunes it per cell)")
     dev = _resolve_device(device)
@@ -352,6 +353,7 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
     t = get_task(task)
     size = "quick" if quick and size is None else (size or "default")
     cfg = {**t.config(size), **(config or {})}
+    t.check_config(cfg)
     if seeds is None:    # the config gives a count (seeds 0 … n − 1) or the seeds themselves
         seeds = list(range(cfg["seeds"])) if isinstance(cfg["seeds"], int) else list(cfg["seeds"])
     seeds = list(seeds)

@@ -129,6 +129,13 @@ def _build(family, d_in, d_out, budget, seed, device):
 
 # --- task definitions ------------------------------------------------------------------
 
+
+# Keys every task's protocol reads (the runner), and the training options of the toy tasks'
+# shared loop (_fit_eval); a task's own sizes name the rest.
+_PROTOCOL_KEYS = {"lr", "lrs", "tune_seeds", "seeds", "families", "lr_extensions", "reuse_budgets"}
+_TOY_OPTIONS = ("schedule", "warmup_frac", "lr_drops", "drop_factor", "optimizer", "weight_decay", "batch_size")
+
+
 @dataclass
 class Task:
     """A task: its name, configs by size, the cells of its grid and a run function.
@@ -148,6 +155,8 @@ class Task:
     metric: str
     higher_is_better: bool
     description: str = ""
+    # config keys the run reads beyond those its sizes set (the toy tasks' training options)
+    options: tuple = ()
 
     @property
     def defaults(self) -> dict:
@@ -161,6 +170,14 @@ class Task:
         if size not in self.sizes:
             raise ValueError(f"task {self.name!r} has sizes {', '.join(self.sizes)}; got {size!r}")
         return dict(self.sizes[size])
+
+    def check_config(self, cfg: dict) -> None:
+        """Refuse config keys that nothing reads (a misspelt or unsupported option would
+        otherwise change nothing, without a word)."""
+        known = set().union(*(s.keys() for s in self.sizes.values())) | set(self.options) | _PROTOCOL_KEYS
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise ValueError(f"task {self.name!r} has no config keys {unknown}; it reads {', '.join(sorted(known))}")
 
 
 def digits_data(seed: int, fracs=(0.6, 0.2, 0.2), device="cpu", bias: bool = False):
@@ -398,7 +415,7 @@ TASKS: dict[str, Task] = {
                                tune_seeds=[100], seeds=10, max_steps=12000, eval_every=25, patience=20,
                                lr_extensions=3),
                "quick": dict(families=_Q2, m_kv=16, fracs=[0.6, 0.2, 0.2], **_QUICK_PROTOCOL)},
-        cells=_family_cells, run=_digits_run, metric="test_acc", higher_is_better=True,
+        cells=_family_cells, run=_digits_run, metric="test_acc", higher_is_better=True, options=_TOY_OPTIONS,
         description="digits classification, 64 pixels -> 10 logits, full-batch Adam",
     ),
     "digits_bias": Task(
@@ -408,7 +425,7 @@ TASKS: dict[str, Task] = {
                                lr_extensions=3, bias=True),
                "quick": dict(families=["sym1-silu", "gated1-silu"], m_kv=16, fracs=[0.6, 0.2, 0.2], bias=True,
                              **_QUICK_PROTOCOL)},
-        cells=_family_cells, run=_digits_run, metric="test_acc", higher_is_better=True,
+        cells=_family_cells, run=_digits_run, metric="test_acc", higher_is_better=True, options=_TOY_OPTIONS,
         description="digits with a constant input coordinate (a bias), otherwise as digits",
     ),
     # At 20,000 steps 8 of 10 runs of the bilinear layer (and of its symmetric twin) hit the
@@ -422,7 +439,7 @@ TASKS: dict[str, Task] = {
                                optimizer="adamw", weight_decay=1.0),
                "quick": dict(families=_Q2, p=7, fracs=[0.5, 0.25, 0.25], m_kv=16, optimizer="adamw",
                              weight_decay=0.1, **_QUICK_PROTOCOL)},
-        cells=_family_cells, run=_modadd_run, metric="test_acc", higher_is_better=True,
+        cells=_family_cells, run=_modadd_run, metric="test_acc", higher_is_better=True, options=_TOY_OPTIONS,
         description="a + b mod p, one-hot inputs, pairs split 60/20/20, full-batch AdamW",
     ),
     # At 4,000 steps 50 of the 240 evaluation runs hit the budget (every run of three cells);
@@ -436,7 +453,7 @@ TASKS: dict[str, Task] = {
                                d=16, m_kv=32, n=[1024, 512, 1024], lrs=[3e-3, 1e-2, 3e-2], tune_seeds=[100],
                                seeds=10, max_steps=64000, eval_every=25, patience=20, reuse_budgets=[4000, 32000]),
                "quick": dict(teachers=["kv-relu"], families=_Q2, d=4, m_kv=4, n=[64, 32, 64], **_QUICK_PROTOCOL)},
-        cells=_teacher_cells, run=_teacher_run, metric="test_loss", higher_is_better=False,
+        cells=_teacher_cells, run=_teacher_run, metric="test_loss", higher_is_better=False, options=_TOY_OPTIONS,
         description="teacher-student regression, Gaussian inputs, normalised targets, full-batch Adam",
     ),
     # Every family stores the whole table at this size (test accuracy 98-100 %), so without
@@ -501,7 +518,7 @@ TASKS: dict[str, Task] = {
                                 optimizer="adamw", weight_decay=0.1, frozen_embeddings=True, lr_drops=2),
                "quick": dict(families=_Q2, sizes=[4], n_subjects=4, n_relations=2, n_values=4, n_filler=3,
                              seq_len=4, d=8, n_train=64, n_val=32, n_test=32, batch_size=16, **_QUICK_PROTOCOL)},
-        cells=_recall_cells, run=_recall_run, metric="test_loss", higher_is_better=False,
+        cells=_recall_cells, run=_recall_run, metric="test_loss", higher_is_better=False, options=_TOY_OPTIONS,
         description="one-block transformer recalling facts f(subject, relation); only the FFN changes; "
                     "metric: test cross-entropy (accuracy saturates near 1 once trained to a plateau)",
     ),
