@@ -46,3 +46,11 @@ def test_table_html_escapes_formats_and_checks_row_lengths():
     assert out.count("<tr>") == 3
     with pytest.raises(ValueError, match="row 1 has 1 cells"):
         figures.table_html(["a", "b"], [[1, 2], [3]])
+
+
+def test_table_caption_sits_outside_the_scrolling_box():
+    out = figures.table_html(["a"], [[1]], caption="Δ < 0: better")
+    cap, box = out.index("<figcaption"), out.index('<div class="qk-table"')
+    assert cap < out.index("</figcaption>") < box and "Δ &lt; 0: better" in out
+    assert "<caption>" not in out
+    assert figures.table_html(["a"], [[1]]).startswith('<div class="qk-table"')

@@ -139,7 +139,8 @@ def table_html(header: Sequence[str], rows: Iterable[Sequence], *, digits: int =
     """A plain HTML table (scrolls sideways inside its own box if wider than the column).
 
     Floats are shown with ``digits`` significant digits; every row must have as many
-    cells as ``header``.
+    cells as ``header``. A ``caption`` sits above the scrolling box, in the page's width
+    (inside the box it would scroll out of sight on a phone).
     """
     header = list(header)
     body = []
@@ -148,10 +149,14 @@ def table_html(header: Sequence[str], rows: Iterable[Sequence], *, digits: int =
         if len(row) != len(header):
             raise ValueError(f"row {i} has {len(row)} cells; the header has {len(header)}")
         body.append("<tr>" + "".join(f"<td>{_cell(v, digits)}</td>" for v in row) + "</tr>")
-    cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
     head = "<tr>" + "".join(f"<th>{html.escape(str(h))}</th>" for h in header) + "</tr>"
-    return ('<div class="qk-table" style="overflow-x:auto;max-width:100%">'
-            f'<table class="table">{cap}<thead>{head}</thead><tbody>{"".join(body)}</tbody></table></div>')
+    box = ('<div class="qk-table" style="overflow-x:auto;max-width:100%">'
+           f'<table class="table"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table></div>')
+    if not caption:
+        return box
+    return ('<figure class="qk-table-figure" style="margin:0 0 1em 0;max-width:100%">'
+            f'<figcaption style="font-size:0.9em;margin-bottom:0.3em">{html.escape(caption)}</figcaption>'
+            f'{box}</figure>')
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence], *, digits: int = 4,
