@@ -422,15 +422,29 @@ def save_load(results):
         return load_results(save_results(results, Path(d) / "r.json"))
 
 
-def test_toy_tasks_follow_the_schedule():
-    # a toy task's schedule and warm-up used to be ignored without a word: a cosine run must
-    # differ from the constant-rate run, a warm-up must change it again, and a bad name fail
-    cell = {"family": "kv-relu"}
-    const = run_cell("digits", cell, 0, _quick("digits"))
-    cos = run_cell("digits", cell, 0, _quick("digits", schedule="cosine"))
-    warm = run_cell("digits", cell, 0, _quick("digits", schedule="cosine", warmup_frac=0.5))
-    assert len({const["test_loss"], cos["test_loss"], warm["test_loss"]}) == 3
-    assert run_cell("digits", cell, 0, _quick("digits", schedule="constant"))["test_loss"] == const["test_loss"]
+def test_toy_tasks_follow_the_schedule(monkeypatch):
+    # a toy task's schedule and warm-up used to be ignored without a word: the rate each
+    # optimizer step used must be the plain formula (linear warm-up, then a cosine down to
+    # 0.1 lr at max_steps), and a bad schedule name must fail
+    used = []
+    step = torch.optim.Adam.step
+
+    def spy(self, *a, **k):
+        used.append(self.param_groups[0]["lr"])
+        return step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", spy)
+    cell, lr = {"family": "kv-relu"}, 1e-2
+    cfg = _quick("digits", schedule="cosine", warmup_frac=0.5, patience=10**6, lr=lr)
+    n, warm = cfg["max_steps"], int(0.5 * cfg["max_steps"])
+    run_cell("digits", cell, 0, cfg)
+    plain = [lr * (i + 1) / warm if i < warm
+             else lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (i - warm) / (n - warm))))
+             for i in range(n)]
+    assert len(used) == n and used == pytest.approx(plain, rel=1e-12)
+    used.clear()
+    run_cell("digits", cell, 0, _quick("digits", patience=10**6, lr=lr))
+    assert used == [lr] * n                              # the default stays constant
     with pytest.raises(ValueError, match="schedule must be one of"):
         run_cell("digits", cell, 0, _quick("digits", schedule="linear-ish"))
 
