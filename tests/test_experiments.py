@@ -690,3 +690,28 @@ def test_reuse_budgets_refuses_a_schedule_that_depends_on_the_budget():
         run_grid("teacher", quick=True, progress=False, config={"reuse_budgets": [7]})
     with pytest.raises(ValueError, match="smaller than max_steps"):
         run_grid("teacher", quick=True, progress=False, config={"reuse_budgets": [30]})
+
+
+def test_records_carry_the_code_that_trained_them_and_the_cache_is_keyed_on_its_version(tmp_path, monkeypatch):
+    import subprocess
+
+    import qkmlp.experiments.runner as runner
+
+    rec = run_cell("modadd", TASKS["modadd"].cells(TASKS["modadd"].quick)[0], seed=0, config=_quick("modadd"))
+    here = subprocess.run(["git", "-C", runner.__file__.rsplit("/", 1)[0], "rev-parse", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    assert rec["git_commit"] == (here or "unknown") and rec["code_version"] == runner.RUN_CODE_VERSION
+    assert isinstance(rec["git_dirty"], (bool, type(None)))
+    assert {"git_commit", "git_dirty", "code_version"}.isdisjoint(strip_provenance(rec))
+    # a grid's records land in a folder named by the config hash, which includes the code version
+    run_grid("modadd", quick=True, progress=False, cache=tmp_path)
+    first = {p.name for p in tmp_path.iterdir()}
+    assert len(first) == 1 and all(json.loads(p.read_text())["code_version"] == runner.RUN_CODE_VERSION
+                                   for p in next(tmp_path.iterdir()).glob("*.json"))
+    monkeypatch.setattr(runner, "RUN_CODE_VERSION", runner.RUN_CODE_VERSION + 1)
+    calls = []
+    real = runner.run_cell
+    monkeypatch.setattr(runner, "run_cell", lambda *a, **k: calls.append(1) or real(*a, **k))
+    run_grid("modadd", quick=True, progress=False, cache=tmp_path)
+    assert len({p.name for p in tmp_path.iterdir()} - first) == 1     # a new folder: nothing reused
+    assert calls                                                      # every run trained again

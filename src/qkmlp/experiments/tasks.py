@@ -50,6 +50,7 @@ from .train import train
 __all__ = [
     "Task", "TASKS", "get_task", "digits_data", "modadd_data", "teacher_data", "parity_floor", "recall_data",
     "TinyTransformer", "TOY_FAMILIES", "SLOW_TOY_FAMILIES", "RANK2_FAMILIES", "LM_FAMILIES",
+    "COMPUTE_FAMILIES", "COMPUTE_BUDGETS",
 ]
 
 
@@ -402,6 +403,12 @@ RANK2_FAMILIES = ["gated2-silu", "symgated2-silu", "sym2-silu"]
 LM_FAMILIES = ["kv-relu", "kv-gelu", "kv-silu", "gated1-sigmoid", "gated1-identity", "gated1-gelu", "gated1-silu",
                "gated1-relu", "symgated1-silu", "sym1-silu", "gated2-silu"]
 _Q2 = ["kv-relu", "gated1-silu"]
+#: The families of the gap-against-compute grids (``lm --size compute_<steps>``): the key-value
+#: ReLU MLP, SwiGLU, and SwiGLU's two exchange-symmetric controls.
+COMPUTE_FAMILIES = ["kv-relu", "gated1-silu", "symgated1-silu", "sym1-silu"]
+#: Step budgets of those grids (16x apart) and the rate grid each is tuned on (a factor 2 apart,
+#: centred where the 600- and 6,000-step grids chose; extended past an edge by the runner).
+COMPUTE_BUDGETS = {1500: [4e-3, 8e-3, 1.6e-2], 6000: [2e-3, 4e-3, 8e-3], 24000: [1e-3, 2e-3, 4e-3]}
 
 _QUICK_PROTOCOL = dict(lrs=[3e-3, 1e-2], tune_seeds=[100], seeds=2, max_steps=30, eval_every=5, patience=3)
 
@@ -558,7 +565,18 @@ TASKS: dict[str, Task] = {
                "replicate": dict(families=["gated1-silu", "symgated1-silu"], tune_seeds=[100],
                                  seeds=list(range(10, 20)),
                                  **{**_lm.SIZES["cpu"], "max_steps": 6000, "eval_every": 200, "patience": 5,
-                                    "lrs": [4e-3]})},
+                                    "lrs": [4e-3]}),
+               # The gap against compute: the cpu model at three step budgets 16x apart, each with
+               # its own warm-up + cosine schedule decaying to that budget and trained to it (the
+               # patience exceeds the 30 evaluations, so no run stops early; the best of the 30
+               # validation checkpoints is kept), rates tuned per family and per budget on tuning
+               # seeds 102 and 103, ten evaluation seeds 20-29; none of these seeds was used
+               # before. The tests that read these grids were declared first, in
+               # book/data/experiments/declared/lm-compute-*.json (chapter 8).
+               **{f"compute_{steps}": dict(families=COMPUTE_FAMILIES, tune_seeds=[102, 103], seeds=list(range(20, 30)),
+                                           **{**_lm.SIZES["cpu"], "max_steps": steps, "eval_every": steps // 30,
+                                              "patience": 1000, "lrs": lrs})
+                  for steps, lrs in COMPUTE_BUDGETS.items()}},
         cells=_family_cells, run=_lm.lm_run, metric="test_loss", higher_is_better=False,
         description="character-level language model on Shakespeare's plays (split by play); "
                     "only the feed-forward blocks change; metric: test nats per character",
