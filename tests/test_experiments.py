@@ -715,3 +715,44 @@ def test_records_carry_the_code_that_trained_them_and_the_cache_is_keyed_on_its_
     run_grid("modadd", quick=True, progress=False, cache=tmp_path)
     assert len({p.name for p in tmp_path.iterdir()} - first) == 1     # a new folder: nothing reused
     assert calls                                                      # every run trained again
+
+
+def test_wilcoxon_matches_scipy_without_ties_and_a_brute_force_with_them():
+    import itertools
+
+    import numpy as np
+    from scipy.stats import rankdata, wilcoxon
+
+    from qkmlp.experiments.stats import wilcoxon_test
+
+    rng = np.random.default_rng(0)
+    for n in (2, 5, 10, 12):
+        for _ in range(10):
+            d = list(rng.normal(0.3, 1.0, n))
+            assert wilcoxon_test(d) == pytest.approx(wilcoxon(d, method="exact").pvalue, abs=1e-12)
+    for _ in range(10):                            # ties and zeros: the exact conditional distribution
+        d = [float(x) for x in np.round(rng.normal(0.3, 1.0, 8), 1)] + [0.0]
+        nz = [x for x in d if x != 0]
+        r = rankdata(np.abs(nz))
+        w = r[np.array(nz) > 0].sum()
+        sums = [sum(ri for ri, s in zip(r, signs) if s) for signs in itertools.product((0, 1), repeat=len(nz))]
+        c = r.sum() / 2
+        want = np.mean([abs(s - c) >= abs(w - c) - 1e-12 for s in sums])
+        assert wilcoxon_test(d) == pytest.approx(want, abs=1e-12)
+    assert wilcoxon_test([0.0, 0.0]) == 1.0
+    assert wilcoxon_test([1.0] * 10) == pytest.approx(2 / 2 ** 10)
+
+
+def test_tost_is_the_interval_inside_the_margin():
+    import numpy as np
+
+    from qkmlp.experiments.stats import tost
+
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        d = list(rng.normal(rng.uniform(-0.01, 0.01), 0.004, 10))
+        margin = float(rng.uniform(0.002, 0.012))
+        lo, hi = t_interval(d, 0.90)
+        assert (tost(d, margin) < 0.05) == (-margin < lo and hi < margin)
+    with pytest.raises(ValueError, match="margin"):
+        tost([0.1, 0.2], 0.0)
