@@ -756,3 +756,21 @@ def test_tost_is_the_interval_inside_the_margin():
         assert (tost(d, margin) < 0.05) == (-margin < lo and hi < margin)
     with pytest.raises(ValueError, match="margin"):
         tost([0.1, 0.2], 0.0)
+
+
+def test_tau_bootstrap_point_values_match_kendall_and_the_ordering_counts():
+    from pathlib import Path
+
+    from qkmlp.experiments.report import ordering_agreement, tau_bootstrap
+
+    data = Path(__file__).parent.parent / "book" / "data" / "experiments"
+    short, long = load_results(data / "lm.json"), load_results(data / "lm_long_all.json")
+    out = tau_bootstrap(short, long, n_boot=300)
+    for grid, key in ((short, "tau"), (long, "tau_other")):
+        agree = ordering_agreement(grid)
+        assert out["all"][key] == pytest.approx(agree["kendall_tau"], abs=1e-12)     # scipy's, no ties here
+        res = agree["resolved"]
+        assert out["resolved"][key] == pytest.approx((2 * agree["resolved_agree"] - res) / res)
+    for k in ("all", "resolved"):
+        lo, hi = out[k]["ci_change"]
+        assert lo <= out[k]["change"] <= hi and out[k]["ci"][0] <= out[k]["tau"] <= out[k]["ci"][1]

@@ -8,14 +8,15 @@ effect. Figures are drawn on :mod:`qkmlp.figures` panels.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 from .families import get_family
-from .runner import cell_key, compare, summary
+from .runner import cell_key, compare, summary, values_by_seed
 from .stats import detectable_difference, holm, mean_sd
 
 __all__ = ["gain", "comparison_rows", "form_vs_form", "holm_family", "family_label", "plot_paired",
-           "SHAZEER_TABLE1", "shazeer_rows", "ordering_agreement", "plot_vs_shazeer", "plateau_rows",
+           "SHAZEER_TABLE1", "shazeer_rows", "ordering_agreement", "tau_bootstrap", "plot_vs_shazeer", "plateau_rows",
            "plot_val_curves", "cross_table", "plot_cross_table", "swap_rows", "run_shifts", "provenance_rows",
            "ACTIVATIONS"]
 
@@ -195,6 +196,65 @@ def ordering_agreement(results: dict, column: int = 0) -> dict:
             "resolved": len(res), "resolved_agree": sum(p["agree"] for p in res),
             "resolved_agree_significant": sum(p["agree"] and p["significant"] for p in res),
             "kendall_tau": float(tau)}
+
+
+def _tau(x: list[float], y: list[float], pairs: list[tuple[int, int]]) -> float:
+    """Kendall's τ-a over the given index pairs: (concordant − discordant) / pairs."""
+    s = 0
+    for i, j in pairs:
+        prod = (x[i] - x[j]) * (y[i] - y[j])
+        s += (prod > 0) - (prod < 0)
+    return s / len(pairs)
+
+
+def tau_bootstrap(results: dict, other: Optional[dict] = None, column: int = 0, n_boot: int = 10000,
+                  seed: int = 0, level: float = 0.95) -> dict:
+    """Kendall's τ between our mean test losses and Shazeer's (``column`` of his Table 1)
+    with a seed-bootstrap interval, on all pairs of his eight variants and on the pairs his
+    table resolves (see :func:`ordering_agreement`), where τ is the share of agreeing pairs
+    minus the share of disagreeing ones.
+
+    Seeds are resampled with replacement, the same seeds for every family (the runs are
+    paired). With ``other`` (a second grid on the same seeds, e.g. a longer budget) the
+    change τ(other) − τ(results) is bootstrapped too, with the same resampled seeds in
+    both grids. Returns ``{"all": {...}, "resolved": {...}}``, each with ``tau``, ``ci``
+    and, with ``other``, ``tau_other``, ``ci_other``, ``change``, ``ci_change``.
+    """
+    import random
+    from itertools import combinations
+
+    fams = [f for f in SHAZEER_TABLE1 if f in results["config"]["families"]]
+    theirs = [SHAZEER_TABLE1[f][column] for f in fams]
+    all_pairs = list(combinations(range(len(fams)), 2))
+    resolved = [(i, j) for i, j in all_pairs
+                if abs(theirs[i] - theirs[j]) > 2 * math.hypot(SHAZEER_TABLE1[fams[i]][1], SHAZEER_TABLE1[fams[j]][1])]
+    grids = [results] + ([other] if other is not None else [])
+    by = [[values_by_seed(g, "test_loss", family=f) for f in fams] for g in grids]
+    seeds = sorted(set.intersection(*(set(v) for g in by for v in g)))
+    rng = random.Random(seed)
+
+    def taus(sample):
+        means = [[sum(v[s] for s in sample) / len(sample) for v in g] for g in by]
+        return [[_tau(theirs, m, p) for m in means] for p in (all_pairs, resolved)]
+
+    point = taus(seeds)
+    boot = [taus([rng.choice(seeds) for _ in seeds]) for _ in range(n_boot)]
+    lo_i, hi_i = int((1 - level) / 2 * n_boot), int((1 + level) / 2 * n_boot) - 1
+
+    def interval(vals):
+        vals = sorted(vals)
+        return vals[lo_i], vals[hi_i]
+
+    out = {}
+    for k, name in enumerate(("all", "resolved")):
+        row = {"pairs": len(all_pairs if k == 0 else resolved), "tau": point[k][0],
+               "ci": interval([b[k][0] for b in boot])}
+        if other is not None:
+            row.update(tau_other=point[k][1], ci_other=interval([b[k][1] for b in boot]),
+                       change=point[k][1] - point[k][0], ci_change=interval([b[k][1] - b[k][0] for b in boot]))
+        out[name] = row
+    out["seeds"] = seeds
+    return out
 
 
 def plot_vs_shazeer(rows: list[dict], ax, column: str = "shazeer_65k"):
