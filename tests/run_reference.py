@@ -1,9 +1,9 @@
 """Write tests/data/run_reference.json: tiny runs of every task and every language-model family.
 
 ``tests/test_run_reference.py`` reruns them and compares: the numbers of a run may change
-only together with ``qkmlp.experiments.runner.RUN_CODE_VERSION`` (the cache key of every
-stored grid's per-run records). After a deliberate change of what runs compute, bump that
-version and regenerate this file::
+only together with ``qkmlp.experiments.runner.RUN_CODE_VERSION`` or the task's
+``Task.version`` (the cache key of every stored grid's per-run records). After a deliberate
+change of what runs compute, bump the version it concerns and regenerate this file::
 
     python tests/run_reference.py
 """
@@ -35,6 +35,10 @@ def cases():
     return out
 
 
+def task_versions() -> dict:
+    return {name: t.version for name, t in TASKS.items()}
+
+
 def run_case(task, cell, seed, cfg) -> dict:
     torch.set_num_threads(1)
     rec = run_cell(task, cell, seed, cfg)
@@ -45,8 +49,8 @@ def run_case(task, cell, seed, cfg) -> dict:
 def main() -> None:
     rows = [run_case(*c) for c in cases()]
     PATH.parent.mkdir(parents=True, exist_ok=True)
-    PATH.write_text(json.dumps({"run_code_version": RUN_CODE_VERSION, "torch": torch.__version__, "runs": rows},
-                               indent=1) + "\n")
+    PATH.write_text(json.dumps({"run_code_version": RUN_CODE_VERSION, "task_versions": task_versions(),
+                                "torch": torch.__version__, "runs": rows}, indent=1) + "\n")
     print(f"{len(rows)} reference runs at RUN_CODE_VERSION {RUN_CODE_VERSION} -> {PATH}")
 
 

@@ -167,6 +167,26 @@ def test_digits_split_is_a_partition():
         digits_data(0, fracs=(1.0, 0.0, 0.0))
 
 
+def test_one_test_split_for_every_seed_disjoint_from_every_tuning_split():
+    # the tuning seeds (100, 101, ...) and evaluation seeds (0, 1, ...) share one test set, and no
+    # seed's validation or training examples are test examples (they were 16-26 % before)
+    p = 23
+    pairs = lambda x: {(int(i), int(j)) for i, j in zip(x[:, :p].argmax(1), x[:, p:].argmax(1))}
+    tests, held = [], set()
+    for seed in (0, 1, 7, 100, 101):
+        xtr, _, xva, _, xte, _ = modadd_data(p, (0.6, 0.2, 0.2), seed)
+        tests.append(pairs(xte))
+        held |= pairs(xtr) | pairs(xva)
+        assert len(pairs(xtr) | pairs(xva) | pairs(xte)) == p * p
+    assert all(t == tests[0] for t in tests) and not (held & tests[0])
+    a, b = modadd_data(p, (0.6, 0.2, 0.2), 0), modadd_data(p, (0.6, 0.2, 0.2), 1)
+    assert pairs(a[2]) != pairs(b[2])                       # training and validation still vary by seed
+    d0, d1 = digits_data(0), digits_data(100)
+    assert torch.equal(d0[5], d1[5])                        # the same test labels in the same order
+    shift = d0[4] - d1[4]                                   # the same images, centred on other training means
+    assert torch.allclose(shift, shift[:1].expand_as(shift), atol=1e-6) and shift.abs().max() > 0
+
+
 def test_recall_data_places_subject_relation_and_query():
     S, R, V, Fi, L = 5, 3, 4, 2, 6
     table = torch.randint(0, V, (S, R), generator=torch.Generator().manual_seed(0))

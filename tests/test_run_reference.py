@@ -20,10 +20,13 @@ import run_reference as ref
 STORED = json.loads(ref.PATH.read_text())
 
 
-def test_the_reference_is_of_the_current_code_version():
+def test_the_reference_is_of_the_current_code_versions():
     assert STORED["run_code_version"] == RUN_CODE_VERSION, (
         f"RUN_CODE_VERSION is {RUN_CODE_VERSION} but tests/data/run_reference.json was written at "
         f"{STORED['run_code_version']}: regenerate it with `python tests/run_reference.py`")
+    assert STORED["task_versions"] == ref.task_versions(), (
+        f"task versions are {ref.task_versions()} but the reference was written at {STORED['task_versions']}: "
+        f"regenerate it with `python tests/run_reference.py`")
 
 
 def _close(a, b, rel=1e-6):

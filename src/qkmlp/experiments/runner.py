@@ -59,15 +59,17 @@ __all__ = ["RUN_CODE_VERSION", "run_grid", "run_cell", "rerun", "save_results", 
 
 _CELL_FIELDS = ("teacher", "family", "m_kv")
 # Fields that say where, when, how fast and by which code a run was computed, not what it computed.
-_PROVENANCE = ("wall_s", "rank", "host", "reused_from_budget", "git_commit", "git_dirty", "code_version")
+_PROVENANCE = ("wall_s", "rank", "host", "reused_from_budget", "git_commit", "git_dirty", "code_version",
+               "task_version")
 
-#: The version of what a run computes. It is part of the cache key (the folder of per-run
-#: records), so records trained by other numerics are never reused, and every record
-#: carries it. Bump it when a change alters a run's numbers (the training loop, a task's
-#: data or model, a layer's forward or backward, an initialisation); then regenerate
-#: ``tests/data/run_reference.json`` (``python tests/run_reference.py``).
-#: ``tests/test_run_reference.py`` reruns tiny runs of every language-model family and
-#: fails when their numbers changed but this version did not.
+#: The version of the code every run shares (the training loop, the layers, their
+#: initialisation). It and the task's own ``Task.version`` (its data and model) are part of
+#: the cache key (the folder of per-run records), so records trained by other numerics are
+#: never reused, and every record carries both. Bump this one when a change alters the
+#: numbers of runs of every task, a task's version when only that task's change (records from
+#: before versions existed count as 1); then regenerate ``tests/data/run_reference.json``
+#: (``python tests/run_reference.py``). ``tests/test_run_reference.py`` reruns tiny runs of
+#: every task and language-model family and fails when their numbers changed but no version did.
 RUN_CODE_VERSION = 2
 
 
@@ -165,7 +167,7 @@ def run_cell(task: str, cell: dict, seed: int, config: Optional[dict] = None, de
     rec = t.run(cell, seed, cfg, dev, progress)
     return {**cell, "seed": seed, "lr": cfg["lr"], **rec, "wall_s": time.perf_counter() - start,
             "host": socket.gethostname(), "git_commit": _IMPORT_COMMIT, "git_dirty": _IMPORT_DIRTY,
-            "code_version": RUN_CODE_VERSION}
+            "code_version": RUN_CODE_VERSION, "task_version": t.version}
 
 
 def _next_lr(lr: float, factor: float) -> float:
@@ -193,8 +195,11 @@ def choose_lr(tune_runs: list[dict], cell: dict, lrs: list) -> dict:
 
 
 def _config_hash(task: str, cfg: dict) -> str:
-    """The cache key of a run configuration: task, config and :data:`RUN_CODE_VERSION`."""
-    blob = json.dumps({"task": task, "cfg": cfg, "code_version": RUN_CODE_VERSION}, sort_keys=True, default=str)
+    """The cache key of a run configuration: task, config, :data:`RUN_CODE_VERSION` and the
+    task's own version (left out while it is 1, so keys from before task versions stay)."""
+    version = get_task(task).version
+    blob = json.dumps({"task": task, "cfg": cfg, "code_version": RUN_CODE_VERSION,
+                       **({"task_version": version} if version != 1 else {})}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
