@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import BilinearAttentionMLP, GatedMLP, SymmetricBilinearMLP
+from ..layers import BilinearAttentionMLP, GatedMLP, SymmetricBilinearMLP
 
 __all__ = [
     "LlamaMLP",
@@ -343,7 +343,7 @@ def ratio_panels(headlines: list, tables=(("fwd_vs_llama", "forward"),
     (median, error bar the 95 % interval), the A/A spread (:func:`aa_spread`) shaded and
     1 drawn. ``headlines``: headline dicts of :func:`bench_headline`. Returns the
     matplotlib figures (show them with ``figures.show``)."""
-    from . import figures
+    from .. import figures
 
     if not headlines:
         raise ValueError("ratio_panels needs at least one headline result")
@@ -980,7 +980,7 @@ def _git_commit() -> Optional[str]:
 def _library_changed() -> Optional[bool]:
     """Whether the library's own files differ from the commit (uncommitted changes), if known."""
     try:
-        here = os.path.dirname(os.path.abspath(__file__))
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # src/qkmlp
         out = subprocess.run(["git", "-C", here, "status", "--porcelain", "--", "."], capture_output=True,
                              text=True, timeout=5)
         return bool(out.stdout.strip()) if out.returncode == 0 else None

@@ -1,0 +1,4 @@
+"""``python -m qkmlp.bench``: see :func:`qkmlp.bench.main`."""
+from . import main
+
+main()
