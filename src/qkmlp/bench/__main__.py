@@ -1,4 +1,4 @@
-"""``python -m qkmlp.bench``: see :func:`qkmlp.bench.main`."""
-from . import main
+"""``python -m qkmlp.bench``: the command line of :func:`qkmlp.bench.cli.main`."""
+from .cli import main
 
 main()
