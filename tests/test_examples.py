@@ -1,4 +1,4 @@
-"""Unit tests of qkmlp.examples (the constructions behind chapters 1-3)."""
+"""Unit tests of qkmlp.book.examples (the constructions behind chapters 1-3)."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from qkmlp import BilinearAttentionMLP, GatedMLP, KeyValueMLP, SymmetricBilinearMLP
-from qkmlp.examples import (
+from qkmlp.book.examples import (
     BiasCoordinate,
     FactTask,
     antisymmetric_part,

@@ -110,7 +110,7 @@ def ratio_panels(headlines: list, tables=(("fwd_vs_llama", "forward"),
     (median, error bar the 95 % interval), the A/A spread (:func:`aa_spread`) shaded and
     1 drawn. ``headlines``: headline dicts of :func:`bench_headline`. Returns the
     matplotlib figures (show them with ``figures.show``)."""
-    from .. import figures
+    from ..book import figures
 
     if not headlines:
         raise ValueError("ratio_panels needs at least one headline result")

@@ -8,7 +8,7 @@ natural size or nearly, so text drawn at ``FONT_PT`` stays at least 9 pt as disp
 
 Use::
 
-    from qkmlp import figures
+    from qkmlp.book import figures
     fig, ax = figures.panel()                 # one (fig, ax) at the book's size
     ax.plot(...)
     figures.show(fig)                         # or figures.show(fig1, fig2, ...)

@@ -4,7 +4,7 @@ Two layers of code:
 
 - **Measurements** (no ipywidgets needed): :func:`make_layer`, :func:`make_batch`,
   :func:`measure`, :func:`component_products`, :func:`scaling_sweep`. They also feed the
-  static HTML explorer (:mod:`qkmlp.static_explorer`) and the chapter "Symmetry breaking".
+  static HTML explorer (:mod:`qkmlp.book.static_explorer`) and the chapter "Symmetry breaking".
 - **View**: :class:`SymmetryExplorer`, an ipywidgets panel whose controls are attributes
   (``.alpha``, ``.activation``, ``.form``, ``.rank``) and whose current measurements are
   :meth:`SymmetryExplorer.numbers`. Its figure is one matplotlib ``Figure`` updated in
@@ -29,10 +29,10 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ._checks import positive_int
-from .activations import activation_names, get_activation
-from .layers import GatedMLP, SymmetricBilinearMLP
-from .symmetry import (
+from .._checks import positive_int
+from ..activations import activation_names, get_activation
+from ..layers import GatedMLP, SymmetricBilinearMLP
+from ..symmetry import (
     relative_change,
     rescaled,
     rescaling_is_symmetry,

@@ -1,7 +1,7 @@
 """A self-contained HTML + JS symmetry explorer for the static book (no kernel, no network).
 
 :func:`static_explorer_data` precomputes, for every (rank, form, activation, α) on a grid,
-the numbers :meth:`qkmlp.widgets.SymmetryExplorer.numbers` reports and the two scatter
+the numbers :meth:`qkmlp.book.widgets.SymmetryExplorer.numbers` reports and the two scatter
 plots it draws; :func:`static_explorer_html` wraps them in one ``<div>`` with plain inline
 JavaScript that moves the points of an inline SVG when the reader moves the α slider or
 switches activation, form or rank. Show it with ``IPython.display.HTML(static_explorer_html())``.
@@ -24,7 +24,7 @@ import json
 import uuid
 from typing import Optional, Sequence
 
-from .activations import activation_names, get_activation
+from ..activations import activation_names, get_activation
 from .widgets import (
     D_HIDDEN,
     D_MODEL,
@@ -60,10 +60,10 @@ def static_explorer_data(*, alphas: Optional[Sequence[float]] = None,
     ``numbers[str(rank)][form][activation]`` is a list, one entry per α, of
     ``[scale_change, swap_change, scale_predicted_invariant, swap_predicted_invariant,
     scale_predicted_change]`` (the last ``None`` where the theorems give no number), measured
-    with :func:`qkmlp.widgets.measure` on the same layer and batch as the live explorer.
+    with :func:`qkmlp.book.widgets.measure` on the same layer and batch as the live explorer.
     ``plot[form][activation]`` holds ``x0`` (the unscaled product per grid point) and, per α,
     ``scale[i]`` (scaled product) and ``swap[i]`` (swapped product at α): see
-    :func:`qkmlp.widgets.component_products`. Plot coordinates keep ``PLOT_DIGITS`` significant digits.
+    :func:`qkmlp.book.widgets.component_products`. Plot coordinates keep ``PLOT_DIGITS`` significant digits.
     """
     alphas = [float(a) for a in (default_alphas() if alphas is None else alphas)]
     if not alphas:

@@ -32,11 +32,11 @@ from typing import Sequence, Union
 import torch
 from torch import nn
 
-from .activations import get_activation
-from . import lowrank
-from ._checks import positive_int
-from .layers import BilinearAttentionMLP, GatedMLP, KeyValueMLP, StaticQueryMLP
-from .training import fit
+from ..activations import get_activation
+from .. import lowrank
+from .._checks import positive_int
+from ..layers import BilinearAttentionMLP, GatedMLP, KeyValueMLP, StaticQueryMLP
+from ..training import fit
 
 __all__ = [
     "with_bias_coordinate",
