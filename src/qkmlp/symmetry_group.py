@@ -21,39 +21,14 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .layers import (
-    BilinearAttentionMLP,
-    GatedMLP,
-    KeyValueMLP,
-    StaticQueryMLP,
-    SymmetricBilinearMLP,
-)
+from . import symmetry_dimensions as _dimensions
+from .layers import BilinearAttentionMLP, GatedMLP, KeyValueMLP, StaticQueryMLP, SymmetricBilinearMLP
 from .symmetry import gauge_transformed
-from .symmetry_dimensions import (
-    SymmetryMeasurement,
-    _require_layer,
-    effective_parameter_count,
-    factor_fiber_dimension,
-    jacobian,
-    low_rank_dimension,
-    measure_symmetry,
-    predicted_symmetry_dimension,
-    symmetric_low_rank_dimension,
-    symmetry_breakdown,
-    symmetry_dimension,
-)
+from .symmetry_dimensions import *  # noqa: F401,F403  (the dimension names, re-exported)
+from .symmetry_dimensions import _require_layer
 
 __all__ = [
-    "SymmetryMeasurement",
-    "jacobian",
-    "measure_symmetry",
-    "symmetry_dimension",
-    "symmetry_breakdown",
-    "predicted_symmetry_dimension",
-    "effective_parameter_count",
-    "low_rank_dimension",
-    "symmetric_low_rank_dimension",
-    "factor_fiber_dimension",
+    *_dimensions.__all__,
     "gauge_symmetry_dimension",
     "slot_permuted",
     "odd_sign_flip",
