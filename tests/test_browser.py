@@ -694,7 +694,7 @@ def _png(width: int, height: int) -> bytes:
 
 
 def _panel_svg(title_pt: float | None = None) -> str:
-    from qkmlp import figures
+    from qkmlp.book import figures
 
     fig, ax = figures.panel()
     ax.plot([0, 1, 2], [0, 1, 4], label="gated")
@@ -759,7 +759,7 @@ class _Server:
 
 def test_checks_catch_known_defects(book_build, browser, tmp_path):
     """Each layout check reports its planted defect; the figure-text measurement reads a
-    panel drawn by qkmlp.figures at 9.5 pt as 9.5 pt (an independent calibration)."""
+    panel drawn by qkmlp.book.figures at 9.5 pt as 9.5 pt (an independent calibration)."""
     pytest.importorskip("matplotlib")
     root = f"{toc_entries(book_build.toc)[0]}.html"
     target = tmp_path / root

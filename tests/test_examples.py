@@ -1,4 +1,4 @@
-"""Unit tests of qkmlp.examples (the constructions behind chapters 1-3)."""
+"""Unit tests of the constructed examples of chapters 1-4 (qkmlp.book.ch01_key_value ... ch04_rank_one)."""
 from __future__ import annotations
 
 import pytest
@@ -6,29 +6,28 @@ import torch
 from torch import nn
 
 from qkmlp import BilinearAttentionMLP, GatedMLP, KeyValueMLP, SymmetricBilinearMLP
-from qkmlp.examples import (
+from qkmlp.book.ch01_key_value import (
     BiasCoordinate,
     FactTask,
-    antisymmetric_part,
-    bilinear_from_key_value,
-    directional_derivative,
-    fit_stacked,
-    gated_as_bilinear_attention,
-    gradient_jump,
-    static_versus_key_value,
     capital_facts,
-    compare_on_product,
     decode,
     fact_memory,
     key_value_from_mlp,
+    with_bias_coordinate,
+)
+from qkmlp.book.ch02_dynamic_query import static_versus_key_value, teacher_data
+from qkmlp.book.ch03_bilinear_attention import (
+    antisymmetric_part,
+    bilinear_from_key_value,
+    compare_on_product,
+    fit_stacked,
     matrix_of_quadratic_form,
     product_data,
     product_layer,
     relative_mse,
     symmetric_part,
-    teacher_data,
-    with_bias_coordinate,
 )
+from qkmlp.book.ch04_rank_one import directional_derivative, gated_as_bilinear_attention, gradient_jump
 
 
 def test_with_bias_coordinate_appends_one():
@@ -343,3 +342,27 @@ def test_fit_stacked_equals_fit_on_each_model():
         fit_stacked([], x, y)
     with pytest.raises(ValueError, match="rows"):
         fit_stacked(models, x, y[:3])
+
+
+def test_book_command_stores_a_study_with_its_provenance(tmp_path):
+    """``python -m qkmlp.book static-query`` (its main, in process) writes chapter 2's
+    study: the losses of a direct static_versus_key_value call on the chapter's task, the
+    recorded steps, and the command that made it."""
+    import json
+
+    from qkmlp.book.__main__ import main
+    from qkmlp.book.ch02_dynamic_query import STATIC_QUERY_SETTINGS as C, static_query_task
+
+    out = tmp_path / "ch02.json"
+    n = torch.get_num_threads()
+    try:
+        main(["static-query", "--seeds", "2", "--steps", "5", "--out", str(out)])
+    finally:
+        torch.set_num_threads(n)
+    data = json.loads(out.read_text())
+    assert data["provenance"]["command"] == f"python -m qkmlp.book static-query --seeds 2 --steps 5 --out {out}"
+    assert data["settings"]["seeds"] == [0, 1] and data["record_steps"] == [0, 4]
+    x, y = static_query_task()
+    direct = static_versus_key_value(x, y, C["width"], [0, 1], activation=C["activation"], steps=5, lr=C["lr"])
+    for k in ("key_value", "static_query"):
+        assert torch.allclose(torch.tensor(data[k]), direct[k][:, [0, 4]].to(torch.float32), rtol=1e-5)

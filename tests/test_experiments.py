@@ -605,7 +605,7 @@ def test_parity_floor_zero_for_even_teachers_positive_otherwise():
 
 
 def test_report_plots_run():
-    from qkmlp import figures
+    from qkmlp.book import figures
     from qkmlp.experiments.report import (gain, holm_family, plateau_rows, plot_cross_table, plot_paired,
                                           plot_val_curves, swap_rows)
     res = {t: run_grid(t, seeds=range(3), quick=True, progress=False) for t in ("digits", "teacher")}

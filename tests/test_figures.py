@@ -1,10 +1,10 @@
-"""qkmlp.figures: panels at the book's size, SVG rows that wrap, HTML tables."""
+"""qkmlp.book.figures: panels at the book's size, SVG rows that wrap, HTML tables."""
 import base64
 import re
 
 import pytest
 
-from qkmlp import figures
+from qkmlp.book import figures
 
 
 def test_panel_is_drawn_at_the_book_size_as_svg():

@@ -462,7 +462,7 @@ def test_runner_losses_match_a_plain_recomputation(tiny_run):
 
 
 def test_every_figure_draws_from_a_results_file(tiny_run):
-    from qkmlp import figures
+    from qkmlp.book import figures
     from qkmlp.pretrained import plots
 
     _, res = tiny_run

@@ -1,4 +1,4 @@
-"""qkmlp.static_explorer: structure, size, self-containment, and frames equal to the live numbers."""
+"""qkmlp.book.static_explorer: structure, size, self-containment, and frames equal to the live numbers."""
 from __future__ import annotations
 
 import json
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from qkmlp import activation_names
-from qkmlp.static_explorer import static_explorer_data, static_explorer_html
-from qkmlp.widgets import _grid, component_products, default_alphas
+from qkmlp.book.static_explorer import static_explorer_data, static_explorer_html
+from qkmlp.book.widgets import _grid, component_products, default_alphas
 
 MAX_BYTES = 600_000  # one explorer; the whole chapter page must stay under 2 MB
 
@@ -115,7 +115,7 @@ def test_ids_do_not_collide():
 ])
 def test_frames_match_live_numbers(page, form, act, alpha, rank):
     pytest.importorskip("ipywidgets")
-    from qkmlp.widgets import SymmetryExplorer
+    from qkmlp.book.widgets import SymmetryExplorer
 
     _, data = page
     i = data["alphas"].index(alpha)

@@ -1,4 +1,4 @@
-"""Headless tests of qkmlp.widgets: set a control, check numbers and figure follow the theorems."""
+"""Headless tests of qkmlp.book.widgets: set a control, check numbers and figure follow the theorems."""
 from __future__ import annotations
 
 import math
@@ -11,7 +11,7 @@ pytest.importorskip("ipywidgets")
 pytest.importorskip("matplotlib")
 
 from qkmlp import activation_names, get_activation  # noqa: E402
-from qkmlp.widgets import (  # noqa: E402
+from qkmlp.book.widgets import (  # noqa: E402
     SymmetryExplorer,
     component_products,
     default_alphas,
@@ -196,7 +196,7 @@ def test_repr_mimebundle(ex):
 
 
 def test_one_thread_restores_thread_count():
-    from qkmlp.widgets import one_thread
+    from qkmlp.book.widgets import one_thread
 
     before = torch.get_num_threads()
     with pytest.raises(RuntimeError):
@@ -208,7 +208,7 @@ def test_one_thread_restores_thread_count():
 
 def test_predicted_change_for_negative_alpha_odd_degree_two():
     """σ(z) = z|z| (odd, degree 2): α < 0 gives |α|^(p−1) f, measured against the prediction."""
-    from qkmlp.widgets import predicted_scale_change
+    from qkmlp.book.widgets import predicted_scale_change
 
     odd2 = get_activation(lambda z: z * z.abs(), homogeneity_degree=2, is_odd=True)
     even2 = get_activation(torch.square, homogeneity_degree=2)

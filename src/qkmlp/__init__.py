@@ -5,6 +5,12 @@ Layers (all map (..., d_model) -> (..., d_out)):
 :class:`SymmetricBilinearMLP`, :class:`GatedMLP`, :class:`SymmetrizedGatedMLP`.
 Activations: :func:`get_activation`.
 Symmetry transforms and theorems: :mod:`qkmlp.symmetry`.
+
+``import qkmlp`` loads the layer library only (torch and numpy; no plotting, widget,
+transformers or scipy module). The subpackages are imported by name:
+:mod:`qkmlp.experiments` (chapter 8's training experiments), :mod:`qkmlp.pretrained`
+(chapter 9's SmolLM2-135M), :mod:`qkmlp.bench` (chapter 10's benchmarks) and
+:mod:`qkmlp.book` (the chapters' constructed examples, figures and explorers).
 """
 from .activations import ACTIVATIONS, ALIASES, Activation, activation_names, get_activation
 from .layers import (
@@ -15,9 +21,10 @@ from .layers import (
     SymmetricBilinearMLP,
     SymmetrizedGatedMLP,
 )
-from . import costs, figures, functional, symmetry, training
+from . import _moved, costs, functional, symmetry, training
 
 __version__ = "0.1.0"
+
 
 __all__ = [
     "ACTIVATIONS",
@@ -33,8 +40,18 @@ __all__ = [
     "SymmetrizedGatedMLP",
     "costs",
     "functional",
-    "figures",
     "symmetry",
     "training",
     "__version__",
 ]
+
+
+def __getattr__(name):
+    """``qkmlp.figures``, ``qkmlp.widgets``, ``qkmlp.static_explorer`` and
+    ``qkmlp.examples`` moved to :mod:`qkmlp.book`: the old attributes import the
+    deprecated aliases (which warn) on first use, so ``import qkmlp`` stays lean."""
+    if f"{__name__}.{name}" in _moved.MOVED:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

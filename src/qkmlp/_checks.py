@@ -5,6 +5,8 @@ import math
 import operator
 from numbers import Real
 
+import torch
+
 
 def integer(value, name: str) -> int:
     """``value`` as a Python int if it is an integer (int, numpy or 0-d torch integer; bool
@@ -38,3 +40,16 @@ def tolerance(value, name: str) -> float:
     if not math.isfinite(v) or v < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     return v
+
+
+def float_tensor(x, name: str = "x") -> torch.Tensor:
+    """``x`` if it is a floating-point ``torch.Tensor`` with at least one dimension (shape
+    (..., d)), else TypeError (not a tensor, not floating point) or ValueError (a scalar)
+    naming ``name``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be floating point, got {x.dtype}")
+    if x.dim() == 0:
+        raise ValueError(f"{name} must have shape (..., d), got a scalar")
+    return x

@@ -12,6 +12,11 @@ Predicates (the theorems of the book, chapter "Symmetry breaking") say from the
 activation's properties whether a transform *must* leave the layer's function unchanged
 for every input and every weight; where they say ``False`` the transform changes the
 function for generic weights.
+
+Measured and predicted symmetry dimensions: :func:`symmetry_dimension` and
+:func:`predicted_symmetry_dimension`, defined in :mod:`qkmlp.symmetry_dimensions` and
+re-exported here. This is the lower layer: :mod:`qkmlp.symmetry_group` builds on these
+transforms, and nothing imported here imports it.
 """
 from __future__ import annotations
 
@@ -22,7 +27,6 @@ from numbers import Real
 import torch
 
 from ._checks import tolerance
-
 from .activations import Activation
 from .layers import (
     BilinearAttentionMLP,
@@ -31,6 +35,7 @@ from .layers import (
     SymmetricBilinearMLP,
     SymmetrizedGatedMLP,
 )
+from .symmetry_dimensions import predicted_symmetry_dimension, symmetry_dimension
 
 __all__ = [
     "swapped",
@@ -41,6 +46,8 @@ __all__ = [
     "rescaling_is_symmetry",
     "gauge_is_symmetry",
     "scalar_rescaling_commutes",
+    "symmetry_dimension",
+    "predicted_symmetry_dimension",
 ]
 
 _FACTORED = (SymmetricBilinearMLP, GatedMLP, SymmetrizedGatedMLP)
@@ -223,7 +230,3 @@ def gauge_is_symmetry(layer, G, *, atol: float = 1e-12) -> bool:
     if not (bool((nonzero.sum(-1) == 1).all()) and bool((nonzero.sum(-2) == 1).all())):
         return False
     return all(scalar_rescaling_commutes(layer.activation, v) for v in G[nonzero].unique().tolist())
-
-from .symmetry_group import predicted_symmetry_dimension, symmetry_dimension  # noqa: E402
-
-__all__ += ["symmetry_dimension", "predicted_symmetry_dimension"]

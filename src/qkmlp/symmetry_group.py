@@ -1,175 +1,39 @@
-"""The continuous symmetry group of every layer: derived, and measured.
+"""The symmetry group of every layer beyond its dimension: the gauge count, the discrete
+symmetries, and the conserved quantities.
 
-A *continuous symmetry direction* at weights θ is a tangent direction δθ along which the
-layer's function does not change to first order. They span the null space of the
-Jacobian J = ∂f(x_n; θ)/∂θ stacked over many inputs x_n, so
+- :func:`gauge_symmetry_dimension`: how many directions of the GL(r) gauge of
+  :func:`qkmlp.symmetry.gauge_transformed` leave a factored layer unchanged, measured
+  through the public transform.
+- The discrete symmetries: :func:`slot_permuted`, :func:`odd_sign_flip`.
+- The conserved quantities of gradient flow that the continuous symmetries imply
+  (:func:`conserved_quantities`).
 
-    symmetry dimension = (number of parameters) − rank J.
-
-:func:`measure_symmetry` computes this in float64 from the singular values of J (with the
-tolerance and the gap around it reported); :func:`predicted_symmetry_dimension` gives the
-same number from theory (chapter "The full symmetry group"), as a sum of named
-contributions in :func:`symmetry_breakdown`. The predictions hold for *generic* weights
-in the regimes listed in :func:`symmetry_breakdown`; outside them it raises.
-
-Also here: the discrete symmetries (:func:`slot_permuted`, :func:`odd_sign_flip`) and the
-conserved quantities of gradient flow that the continuous symmetries imply
-(:func:`conserved_quantities`).
-
-This module does not import :mod:`qkmlp.symmetry` (which re-exports two names from here).
+The dimension of the continuous group, measured (:func:`measure_symmetry`) and predicted
+(:func:`predicted_symmetry_dimension`, :func:`symmetry_breakdown`), lives in
+:mod:`qkmlp.symmetry_dimensions` and is re-exported here. This module builds on
+:mod:`qkmlp.symmetry` (the transforms); nothing it imports imports it.
 """
 from __future__ import annotations
 
 import copy
-import math
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import nn
 
-from ._checks import positive_int
-from .costs import _LAYERS, parameter_count
-from .layers import (
-    BilinearAttentionMLP,
-    GatedMLP,
-    KeyValueMLP,
-    StaticQueryMLP,
-    SymmetricBilinearMLP,
-)
+from . import symmetry_dimensions as _dimensions
+from .layers import BilinearAttentionMLP, GatedMLP, KeyValueMLP, StaticQueryMLP, SymmetricBilinearMLP
+from .symmetry import gauge_transformed
+from .symmetry_dimensions import *  # noqa: F401,F403  (the dimension names, re-exported)
+from .symmetry_dimensions import _require_layer
 
 __all__ = [
-    "SymmetryMeasurement",
-    "jacobian",
-    "measure_symmetry",
-    "symmetry_dimension",
-    "symmetry_breakdown",
-    "predicted_symmetry_dimension",
-    "effective_parameter_count",
-    "low_rank_dimension",
-    "symmetric_low_rank_dimension",
-    "factor_fiber_dimension",
+    *_dimensions.__all__,
     "gauge_symmetry_dimension",
     "slot_permuted",
     "odd_sign_flip",
     "conserved_quantities",
 ]
-
-
-def _require_layer(layer) -> None:
-    if not isinstance(layer, _LAYERS):
-        names = ", ".join(t.__name__ for t in _LAYERS)
-        raise TypeError(f"expected one of the qkmlp layers ({names}); got {type(layer).__name__}")
-
-
-# --- measurement -------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SymmetryMeasurement:
-    """Result of :func:`measure_symmetry`.
-
-    ``singular_values``: all singular values of J divided by the largest, descending
-    (length = n_params). ``rank`` counts those above ``rtol``; ``dimension`` =
-    n_params − rank. ``gap`` = (smallest kept) / (largest dropped): a rank is trustworthy
-    when the gap is many orders of magnitude (float64 round-off sits near 1e-15, genuine
-    directions of these small layers above 1e-6).
-    """
-
-    dimension: int
-    n_params: int
-    rank: int
-    n_inputs: int
-    rtol: float
-    gap: float
-    singular_values: torch.Tensor
-
-    @property
-    def smallest_kept(self) -> float:
-        return float(self.singular_values[self.rank - 1]) if self.rank > 0 else float("nan")
-
-    @property
-    def largest_dropped(self) -> float:
-        return float(self.singular_values[self.rank]) if self.rank < self.n_params else 0.0
-
-
-def jacobian(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Jacobian of the outputs over a batch with respect to all parameters.
-
-    x: (N, d_model). Returns (N·d_out, n_params) in the dtype of the layer, parameters
-    flattened in ``named_parameters()`` order. Forward mode (one tangent per parameter).
-    """
-    _require_layer(layer)
-    if getattr(layer, "fused", False):
-        layer = copy.deepcopy(layer)
-        layer.fused = False  # the plain autograd formula: torch.func needs no custom Function
-    names = [n for n, _ in layer.named_parameters()]
-    params = [p.detach() for _, p in layer.named_parameters()]
-    shapes = [p.shape for p in params]
-    sizes = [p.numel() for p in params]
-    theta = torch.cat([p.reshape(-1) for p in params])
-
-    def f(flat: torch.Tensor) -> torch.Tensor:
-        chunks = torch.split(flat, sizes)
-        d = {n: c.reshape(s) for n, c, s in zip(names, chunks, shapes)}
-        return torch.func.functional_call(layer, d, (x,)).reshape(-1)
-
-    return torch.func.jacfwd(f)(theta)
-
-
-def measure_symmetry(
-    layer: nn.Module,
-    *,
-    n_inputs: Optional[int] = None,
-    rtol: float = 1e-8,
-    min_gap: float = 1e4,
-    seed: int = 0,
-) -> SymmetryMeasurement:
-    """Measure the number of continuous symmetry directions at the layer's weights.
-
-    A float64 copy of the layer is evaluated on ``n_inputs`` standard-normal inputs
-    (default 2·n_params + 20, so that the sampled outputs see every direction the function
-    can move in); the rank of the Jacobian counts the singular values above
-    ``rtol`` × the largest. The default rtol = 1e-8 ≈ √eps sits midway (in log scale)
-    between 1 and float64 round-off. If the ratio of the smallest kept to the largest
-    dropped singular value is below ``min_gap`` the rank is ambiguous and a
-    ``RuntimeError`` says so (pass ``min_gap=0`` to get the numbers anyway).
-    """
-    _require_layer(layer)
-    if not (0.0 < rtol < 1.0):
-        raise ValueError(f"rtol must be in (0, 1), got {rtol!r}")
-    P = parameter_count(layer)
-    if n_inputs is None:
-        n_inputs = 2 * P + 20
-    positive_int(n_inputs, "n_inputs")
-    layer64 = copy.deepcopy(layer).to(device="cpu", dtype=torch.float64)   # jacobian() unfuses it
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(n_inputs, layer.d_model, generator=gen, dtype=torch.float64)
-    J = jacobian(layer64, x)
-    sv = torch.linalg.svdvals(J)
-    full = torch.zeros(P, dtype=torch.float64)
-    full[: sv.numel()] = sv  # fewer rows than parameters: the missing values are zeros
-    top = float(full[0])
-    rel = full / top if top > 0 else full
-    rank = int((rel > rtol).sum())
-    kept = float(rel[rank - 1]) if rank > 0 else float("nan")
-    dropped = float(rel[rank]) if rank < P else 0.0
-    gap = kept / dropped if dropped > 0 else math.inf
-    if gap < min_gap:
-        raise RuntimeError(
-            f"ambiguous Jacobian rank for {type(layer).__name__}: smallest kept singular value "
-            f"{kept:.2e}, largest dropped {dropped:.2e} (relative), gap {gap:.1e} < min_gap={min_gap:.0e}; "
-            "use more inputs or better-conditioned weights"
-        )
-    return SymmetryMeasurement(P - rank, P, rank, n_inputs, rtol, gap, rel)
-
-
-def symmetry_dimension(layer: nn.Module, **kwargs) -> int:
-    """Number of continuous symmetry directions at the layer's current weights.
-
-    Measured as n_params − rank of the Jacobian of outputs w.r.t. all parameters over
-    random inputs, in float64; keyword arguments go to :func:`measure_symmetry`.
-    """
-    return measure_symmetry(layer, **kwargs).dimension
 
 
 def gauge_symmetry_dimension(
@@ -192,8 +56,6 @@ def gauge_symmetry_dimension(
     gated ReLU: m·r (positive diagonals); gated SiLU: 0. Only the public transform is
     used, so the count does not depend on how the layer stores its weights.
     """
-    from .symmetry import gauge_transformed   # qkmlp.symmetry imports this module
-
     if not isinstance(layer, (SymmetricBilinearMLP, GatedMLP)):
         raise TypeError("gauge_symmetry_dimension expects a SymmetricBilinearMLP or "
                         f"GatedMLP (a layer with rank-r factors); got {type(layer).__name__}")
@@ -224,140 +86,6 @@ def gauge_symmetry_dimension(
         scale = torch.linalg.vector_norm(layer64(x))
     rank = int((sv > rtol * scale).sum())
     return n_gen - rank
-
-
-# --- theory --------------------------------------------------------------------------------
-
-def _require_positive_ints(**kwargs) -> None:
-    for name, v in kwargs.items():
-        positive_int(v, name)
-
-
-def low_rank_dimension(rows: int, cols: int, rank: int) -> int:
-    """Dimension of the (rows × cols) matrices of rank exactly min(rank, rows, cols)."""
-    _require_positive_ints(rows=rows, cols=cols, rank=rank)
-    rho = min(rank, rows, cols)
-    return rho * (rows + cols - rho)
-
-
-def symmetric_low_rank_dimension(d: int, rank: int) -> int:
-    """Dimension of the symmetric d × d matrices of rank exactly min(rank, d)."""
-    _require_positive_ints(d=d, rank=rank)
-    rho = min(rank, d)
-    return rho * d - rho * (rho - 1) // 2
-
-
-def factor_fiber_dimension(rank: int, d: int) -> int:
-    """Dimension of the set of factor pairs (Q, K), each r × d, with the same sym(QᵀK).
-
-    For generic (Q, K):
-
-    2r ≤ d: the orbit of O(r, r), of dimension r(2r − 1). 2r > d: 2rd − d(d+1)/2.
-    """
-    _require_positive_ints(rank=rank, d=d)
-    return 2 * rank * d - symmetric_low_rank_dimension(d, 2 * rank)
-
-
-def _linear_mixing(n_slots: int, space: int, d_out: int) -> int:
-    """Fiber of (a_j, v_j), j ≤ m ↦ Σ_j a_j ⊗ v_j, a_j free in a space of that dimension."""
-    return n_slots * (space + d_out) - low_rank_dimension(space, d_out, n_slots)
-
-
-def _kind(act) -> str:
-    if act.is_linear:
-        return "linear"
-    if act.homogeneity_degree is not None:
-        return "homogeneous"
-    return "generic"
-
-
-def symmetry_breakdown(layer: nn.Module) -> dict[str, int]:
-    """Predicted continuous symmetry directions, as named contributions (generic weights).
-
-    With m = d_hidden, d = d_model, r = rank, D = d(d+1)/2, ρ(a, b, k) = min(k, a, b):
-
-    - KeyValueMLP: homogeneous σ: m (k_j → c k_j, v_j → c⁻ᵖ v_j); linear σ: the fiber of
-      (K, V) ↦ KᵀV, m(d + d_out) − ρ(d + d_out − ρ) with ρ = min(m, d, d_out) (= m² when
-      m ≤ min(d, d_out)); otherwise 0.
-    - StaticQueryMLP: d² (Q → QG, K → KG⁻ᵀ, for invertible Q) plus the key-value count.
-    - BilinearAttentionMLP: m·d(d−1)/2 (antisymmetric part of A_j), plus m for homogeneous
-      σ, or for linear σ the fiber of (S, V) ↦ Σ_j S_j ⊗ v_j (m² when m ≤ min(D, d_out)).
-      ReLU-type σ needs every S_j indefinite (else the unit is dead or linear).
-    - SymmetricBilinearMLP: m·(2rd − dim of symmetric rank-min(2r, d) matrices), which is
-      m·r(2r−1) (the group O(r, r)) when 2r ≤ d; plus m for non-linear homogeneous σ
-      (needs every S_j indefinite, automatic for r < d; for r ≥ d a definite S_j makes a
-      ReLU slot dead or linear and the count larger); for
-      linear σ plus the mixing of the S_j: when 2r ≥ d the full Σ_j S_j ⊗ v_j fiber; when
-      2r < d and m ≤ min(d_out, D), m + m·max(0, m − 1 − k(k+1)/2) with k = d − 2r (the
-      combinations of the other S_i that vanish on ker S_j); else no closed form here
-      (ValueError).
-    - GatedMLP: m (K_j → cK_j, v_j → v_j/c) for every non-linear σ, plus m·r
-      (q → cq, k → c⁻ᵖk per component) for homogeneous σ; linear σ: as the symmetric form.
-    """
-    _require_layer(layer)
-    act = layer.activation
-    kind = _kind(act)
-    m, d, do = layer.d_hidden, layer.d_model, layer.d_out
-    out: dict[str, int] = {}
-
-    def kv_part(prefix: str = "") -> None:
-        if kind == "linear":
-            out[prefix + "GL mixing of slots (K, V) -> (GK, G^-T V)"] = _linear_mixing(m, d, do)
-        elif kind == "homogeneous":
-            out[prefix + "positive rescaling k_j -> c k_j, v_j -> c^-p v_j"] = m
-
-    if isinstance(layer, KeyValueMLP):
-        kv_part()
-    elif isinstance(layer, StaticQueryMLP):
-        out["absorbed query Q -> QG, K -> K G^-T"] = d * d
-        kv_part("absorbed keys: ")
-    elif isinstance(layer, BilinearAttentionMLP):
-        D = d * (d + 1) // 2
-        out["antisymmetric part of A_j"] = m * d * (d - 1) // 2
-        if kind == "linear":
-            out["mixing of slots (S, V)"] = _linear_mixing(m, D, do)
-        elif kind == "homogeneous":
-            out["rescaling S_j -> c S_j, v_j -> c^-p v_j"] = m
-    elif isinstance(layer, SymmetricBilinearMLP) or (isinstance(layer, GatedMLP) and kind == "linear"):
-        r = layer.rank
-        D = d * (d + 1) // 2
-        name = "O(r, r) acting on [Q_j; K_j]" if 2 * r <= d else "fiber of (Q_j, K_j) -> sym(Q_j^T K_j), 2r > d"
-        out[name] = m * factor_fiber_dimension(r, d)
-        if kind == "homogeneous":
-            out["rescaling S_j -> c S_j, v_j -> c^-p v_j"] = m
-        elif kind == "linear":
-            if 2 * r >= d:
-                out["mixing of slots (S, V)"] = _linear_mixing(m, D, do)
-            else:
-                k = d - 2 * r  # dimension of ker S_j
-                if m > min(do, D):
-                    raise ValueError(
-                        f"no closed form derived for linear σ with 2·rank < d_model and "
-                        f"d_hidden > min(d_out, d(d+1)/2) = {min(do, D)}; got d_hidden={m}"
-                    )
-                out["rescaling S_j -> c S_j, v_j -> v_j / c"] = m
-                extra = m * max(0, m - 1 - k * (k + 1) // 2)
-                if extra:
-                    out["mixing S_j -> S_j + sum_i c_ij S_i vanishing on ker S_j"] = extra
-    elif isinstance(layer, GatedMLP):
-        out["key-value rescaling K_j -> c K_j, v_j -> v_j / c"] = m
-        if kind == "homogeneous":
-            out["per component q -> c q, k -> c^-p k"] = m * layer.rank
-    return out
-
-
-def predicted_symmetry_dimension(layer: nn.Module) -> int:
-    """Number of continuous symmetry directions predicted by theory for generic weights.
-
-    The sum of :func:`symmetry_breakdown`, which lists the contributions and the regimes.
-    Depends only on the sizes and on σ's ``is_linear`` / ``homogeneity_degree``.
-    """
-    return sum(symmetry_breakdown(layer).values())
-
-
-def effective_parameter_count(layer: nn.Module) -> int:
-    """Parameters minus predicted symmetry dimension: the dimension of the function family."""
-    return parameter_count(layer) - predicted_symmetry_dimension(layer)
 
 
 # --- discrete symmetries ------------------------------------------------------------------

@@ -96,7 +96,7 @@ def plot_paired(rows: list[dict], ax, scale: float = 1.0, unit: str = "", labels
     """
     import numpy as np
 
-    from ..figures import COLORS
+    from ..book.figures import COLORS
 
     n = len(rows)
     for i, r in enumerate(rows):
@@ -260,7 +260,7 @@ def tau_bootstrap(results: dict, other: Optional[dict] = None, column: int = 0, 
 def plot_vs_shazeer(rows: list[dict], ax, column: str = "shazeer_65k"):
     """Our difference from ReLU (y, nats per character, 95 % interval) against Shazeer's
     (x, nats per token), one labelled point per variant of his Table 1."""
-    from ..figures import COLORS
+    from ..book.figures import COLORS
 
     pts = [r for r in rows if r[column] is not None]
     for i, r in enumerate(pts):
@@ -298,7 +298,7 @@ def plot_val_curves(results: dict, ax, families: Sequence[str], **cell):
     """Mean validation loss against step per family (one colour each), the evaluation runs."""
     import numpy as np
 
-    from ..figures import COLORS
+    from ..book.figures import COLORS
 
     if len(families) > len(COLORS):
         raise ValueError(f"at most {len(COLORS)} families per panel (one colour each)")

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .. import figures
+from ..book import figures
 from .report import all_changes, key, layer_changes
 
 __all__ = ["LABELS", "COLOR", "plot_alignment_spread", "plot_cos_histogram", "plot_balance", "plot_gate_inputs",

@@ -1,0 +1,16 @@
+"""The book's support: what the chapters import and a user of the layers does not need.
+
+- One module for each of chapters 1-4, holding that chapter's constructed and synthetic
+  examples: :mod:`~qkmlp.book.ch01_key_value`, :mod:`~qkmlp.book.ch02_dynamic_query`,
+  :mod:`~qkmlp.book.ch03_bilinear_attention`, :mod:`~qkmlp.book.ch04_rank_one`;
+  ``python -m qkmlp.book static-query|product --out FILE`` reruns the stored studies of
+  chapters 2 and 3.
+- :mod:`qkmlp.book.figures`: the one plotting recipe (panels that read on every screen,
+  SVG rows that wrap, HTML tables).
+- :mod:`qkmlp.book.widgets`: the live symmetry explorer of chapter 5 and the
+  measurements behind it; :mod:`qkmlp.book.static_explorer`, its kernel-free HTML twin.
+
+Import the modules by name (``from qkmlp.book import figures``); this package imports
+none of them, so each pulls in only what it needs (matplotlib and ipywidgets are loaded
+when a figure or widget is drawn).
+"""

@@ -1,0 +1,55 @@
+"""``python -m qkmlp.book static-query|product --out FILE``: rerun chapter 2's or
+chapter 3's stored study and write it as JSON with its provenance
+(:func:`~qkmlp.book.ch02_dynamic_query.static_query_study`,
+:func:`~qkmlp.book.ch03_bilinear_attention.product_study`)."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import time
+
+import torch
+
+from .ch02_dynamic_query import static_query_study
+from .ch03_bilinear_attention import product_study
+
+
+def main(argv=None) -> None:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the study, write ``--out``."""
+    parser = argparse.ArgumentParser(prog="python -m qkmlp.book")
+    parser.add_argument("study", choices=["static-query", "product"])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seeds", type=int, default=20, help="static-query only")
+    parser.add_argument("--steps", type=int, default=3000, help="static-query only")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    if args.study == "static-query":
+        data = static_query_study(range(args.seeds), args.steps)
+    else:
+        data = product_study()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    data["provenance"] = {
+        "command": "python -m qkmlp.book " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "git_commit": commit,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+    with open(args.out, "w") as fh:
+        json.dump(data, fh, indent=1)
+        fh.write("\n")
+
+
+if __name__ == "__main__":
+    main()

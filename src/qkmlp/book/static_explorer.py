@@ -1,0 +1,314 @@
+"""A self-contained HTML + JS symmetry explorer for the static book (no kernel, no network).
+
+:func:`static_explorer_data` precomputes, for every (rank, form, activation, α) on a grid,
+the numbers :meth:`qkmlp.book.widgets.SymmetryExplorer.numbers` reports and the two scatter
+plots it draws; :func:`static_explorer_html` wraps them in one ``<div>`` with plain inline
+JavaScript that moves the points of an inline SVG when the reader moves the α slider or
+switches activation, form or rank. Show it with ``IPython.display.HTML(static_explorer_html())``.
+The fragment is responsive: the two scatter plots are separate SVGs, 250 CSS px wide at
+their natural size, side by side in a wide column and stacked (or shrunk) on a phone.
+
+DOM contract (browser tests rely on these class names), all inside
+``<div class="qkmlp-static-explorer" id="...">``: ``input[type=range].qkmlp-alpha``
+(its value is an index into the α grid), ``select.qkmlp-activation``, ``select.qkmlp-form``,
+``.qkmlp-rank`` (a ``select`` when there are several ranks, else a hidden input holding
+the one rank), text elements ``.qkmlp-alpha-value``, ``.qkmlp-scale-change``,
+``.qkmlp-swap-change`` (plus ``.qkmlp-scale-predicted``, ``.qkmlp-swap-predicted``), and the
+two inline SVG panels under ``.qkmlp-plot``. Each explorer has its own id, and its script only
+touches elements inside its own container, so several can share a page.
+"""
+from __future__ import annotations
+
+import html
+import json
+import uuid
+from typing import Optional, Sequence
+
+from ..activations import activation_names, get_activation
+from .widgets import (
+    D_HIDDEN,
+    D_MODEL,
+    FORMS,
+    _check_form,
+    _grid,
+    component_products,
+    default_alphas,
+    make_batch,
+    make_layer,
+    measure,
+    one_thread,
+)
+
+__all__ = ["static_explorer_data", "static_explorer_html"]
+
+#: Significant digits kept for plot coordinates (the plots are 200 px wide).
+PLOT_DIGITS = 3
+
+
+def _r(v: float):
+    """Round to PLOT_DIGITS significant digits; zero (and −0) as the int 0 (shorter JSON)."""
+    v = float(f"{v:.{PLOT_DIGITS}g}")
+    return 0 if v == 0 else v
+
+
+def static_explorer_data(*, alphas: Optional[Sequence[float]] = None,
+                         activations: Optional[Sequence[str]] = None,
+                         forms: Sequence[str] = FORMS, ranks: Sequence[int] = (1,),
+                         seed: int = 0) -> dict:
+    """All frames of the static explorer as a JSON-ready dict.
+
+    ``numbers[str(rank)][form][activation]`` is a list, one entry per α, of
+    ``[scale_change, swap_change, scale_predicted_invariant, swap_predicted_invariant,
+    scale_predicted_change]`` (the last ``None`` where the theorems give no number), measured
+    with :func:`qkmlp.book.widgets.measure` on the same layer and batch as the live explorer.
+    ``plot[form][activation]`` holds ``x0`` (the unscaled product per grid point) and, per α,
+    ``scale[i]`` (scaled product) and ``swap[i]`` (swapped product at α): see
+    :func:`qkmlp.book.widgets.component_products`. Plot coordinates keep ``PLOT_DIGITS`` significant digits.
+    """
+    alphas = [float(a) for a in (default_alphas() if alphas is None else alphas)]
+    if not alphas:
+        raise ValueError("alphas must not be empty")
+    names = list(activations or activation_names())
+    for n in names:
+        get_activation(n)
+    forms = [_check_form(f) for f in forms]
+    ranks = [int(r) for r in ranks]
+    if not ranks or min(ranks) < 1:
+        raise ValueError(f"ranks must be a non-empty list of integers >= 1, got {ranks!r}")
+
+    with one_thread():
+        return _compute(alphas, names, forms, ranks, seed)
+
+
+def _compute(alphas, names, forms, ranks, seed) -> dict:
+    x = make_batch(seed=seed + 1)
+    numbers: dict = {}
+    for r in ranks:
+        numbers[str(r)] = {}
+        for f in forms:
+            numbers[str(r)][f] = {}
+            for n in names:
+                layer = make_layer(f, n, r, seed=seed)
+                rows = []
+                for a in alphas:
+                    m = measure(layer, x, a)
+                    rows.append([m["scale_change"], m["swap_change"],
+                                 m["scale_predicted_invariant"], m["swap_predicted_invariant"],
+                                 m["scale_predicted_change"]])
+                numbers[str(r)][f][n] = rows
+
+    ga, gb = _grid()
+    plot: dict = {}
+    for f in forms:
+        plot[f] = {}
+        for n in names:
+            scale, swap = [], []
+            for a in alphas:
+                p0, pa, ps = component_products(f, n, a, ga, gb)   # p0, the unscaled product, is the same for every α
+                scale.append([_r(v) for v in pa])
+                swap.append([_r(v) for v in ps])
+            plot[f][n] = {"x0": [_r(v) for v in p0], "scale": scale, "swap": swap}
+    return {"alphas": alphas, "activations": names, "forms": forms, "ranks": ranks,
+            "seed": seed, "numbers": numbers, "plot": plot}
+
+
+_CSS = """
+#{uid} {{ box-sizing: border-box; max-width: 100%; border: 1px solid #ccc; border-radius: 6px;
+  padding: 0.6em 0.7em; margin: 1em 0; font-size: 0.9em; }}
+#{uid} .qkmlp-controls {{ display: flex; flex-wrap: wrap; gap: 0.4em 1.2em; align-items: center; }}
+#{uid} .qkmlp-controls label {{ white-space: nowrap; }}
+#{uid} input.qkmlp-alpha {{ width: 10em; max-width: 60vw; vertical-align: middle; }}
+#{uid} table {{ border-collapse: collapse; margin: 0.5em 0; width: 100%; }}
+#{uid} td, #{uid} th {{ padding: 0.15em 0.5em; border-bottom: 1px solid #eee; text-align: left;
+  vertical-align: top; }}
+#{uid} th {{ white-space: nowrap; }}
+#{uid} .qkmlp-scale-change, #{uid} .qkmlp-swap-change {{ font-family: monospace; white-space: nowrap; }}
+#{uid} .qkmlp-plot {{ display: flex; flex-wrap: wrap; gap: 0.3em 1em; justify-content: center; }}
+#{uid} .qkmlp-plot svg {{ width: {panel}px; max-width: 100%; height: auto; }}
+#{uid} .qkmlp-note {{ color: #444; font-size: 0.9em; margin: 0.4em 0 0; overflow-wrap: break-word; }}
+#{uid} svg text {{ font-size: 12px; font-family: sans-serif; }}
+"""
+
+# Plain ES5, no external scripts. Finds its container by id (or, inside JupyterLab where the
+# output may not be attached yet, through document.currentScript's parent).
+_JS = r"""
+(function () {
+  var uid = "__UID__";
+  var me = document.currentScript;
+  var root = (me && me.parentNode && me.parentNode.id === uid) ? me.parentNode : document.getElementById(uid);
+  if (!root) { return; }
+  var D = JSON.parse(root.querySelector(".qkmlp-data").textContent);
+  var q = function (c) { return root.querySelector("." + c); };
+  var slider = q("qkmlp-alpha"), act = q("qkmlp-activation"), form = q("qkmlp-form"), rank = q("qkmlp-rank");
+  var P = 200, M = 40;  // plot square and left margin, in SVG units
+  function fmt(v) {
+    if (v === 0) { return "0"; }
+    return Math.abs(v) < 1e-3 ? v.toExponential(2) : v.toFixed(4);
+  }
+  function fmtAlpha(a) { return (Math.abs(a) >= 1 ? a.toFixed(2) : a.toPrecision(3)).replace(/\.?0+$/, ""); }
+  function verdict(measured, predicted) {
+    return (measured < 1e-9 ? "invariant" : "changes") + " (theorem: " + (predicted ? "invariant" : "breaks") + ")";
+  }
+  function draw(panel, xs, ys, xl, yl) {
+    var lo = Infinity, hi = -Infinity, i;
+    for (i = 0; i < xs.length; i++) { lo = Math.min(lo, xs[i], ys[i]); hi = Math.max(hi, xs[i], ys[i]); }
+    var pad = 0.05 * (hi - lo) + 1e-9; lo -= pad; hi += pad;
+    var s = function (v) { return (v - lo) / (hi - lo) * P; };
+    var dots = panel.querySelectorAll("circle");
+    for (i = 0; i < dots.length; i++) {
+      dots[i].setAttribute("cx", (M + s(xs[i])).toFixed(1));
+      dots[i].setAttribute("cy", (P - s(ys[i]) + 6).toFixed(1));
+    }
+    panel.querySelector(".qkmlp-lo").textContent = lo.toPrecision(3);
+    panel.querySelector(".qkmlp-hi").textContent = hi.toPrecision(3);
+    panel.querySelector(".qkmlp-xlabel").textContent = xl;
+    panel.querySelector(".qkmlp-ylabel").textContent = yl;
+  }
+  function update() {
+    var i = parseInt(slider.value, 10), a = D.alphas[i];
+    var n = D.numbers[rank.value][form.value][act.value][i];
+    var p = D.plot[form.value][act.value];
+    q("qkmlp-alpha-value").textContent = fmtAlpha(a);
+    q("qkmlp-scale-change").textContent = fmt(n[0]);
+    q("qkmlp-swap-change").textContent = fmt(n[1]);
+    q("qkmlp-scale-predicted").textContent = verdict(n[0], n[2]) +
+      (n[4] !== null && n[4] !== 0 ? "; predicted exactly " + fmt(n[4]) : "");
+    q("qkmlp-swap-predicted").textContent = verdict(n[1], n[3]);
+    var g = form.value === "gated";
+    draw(q("qkmlp-panel-scale"), p.x0, p.scale[i], g ? "σ(a)·b" : "σ(ab)", g ? "σ(αa)·(b/α)" : "σ((αa)(b/α))");
+    draw(q("qkmlp-panel-swap"), p.scale[i], p.swap[i], g ? "σ(αa)·(b/α)" : "σ((αa)(b/α))", g ? "σ(b/α)·(αa)" : "σ((b/α)(αa))");
+  }
+  [slider, act, form, rank].forEach(function (el) {
+    el.addEventListener("input", update);
+    el.addEventListener("change", update);
+  });
+  update();
+})();
+"""
+
+
+#: Plot square and left margin of one scatter panel, in SVG units (= CSS px at natural size).
+_P, _M = 200, 40
+#: Natural width of one panel's SVG, CSS px; on a narrow screen it shrinks to the column.
+PANEL_PX = 250
+
+
+def _panel_svg(cls: str, title: str, npts: int) -> str:
+    """One scatter panel as its own <svg> (the two panels wrap onto two lines on a phone)."""
+    P, M = _P, _M
+    circles = "".join(f'<circle r="2.6" cx="{M}" cy="{P}"/>' for _ in range(npts))
+    fill = "#0072B2" if "scale" in cls else "#D55E00"
+    return (
+        f'<svg class="qkmlp-svg" viewBox="0 -18 {PANEL_PX} 268" width="{PANEL_PX}" height="268" '
+        'xmlns="http://www.w3.org/2000/svg" role="img" '
+        f'aria-label="{html.escape(title)}: one rank component before and after">'
+        f'<g class="{cls}">'
+        f'<text x="{M + P / 2}" y="0" dy="-4" text-anchor="middle">{html.escape(title)}</text>'
+        f'<rect x="{M}" y="6" width="{P}" height="{P}" fill="none" stroke="#999"/>'
+        f'<line x1="{M}" y1="{P + 6}" x2="{M + P}" y2="6" stroke="#bbb"/>'
+        f'<g fill="{fill}">{circles}</g>'
+        f'<text class="qkmlp-lo" x="{M}" y="{P + 21}" text-anchor="start"></text>'
+        f'<text class="qkmlp-hi" x="{M + P}" y="{P + 21}" text-anchor="end"></text>'
+        f'<text class="qkmlp-xlabel" x="{M + P / 2}" y="{P + 38}" text-anchor="middle"></text>'
+        f'<text class="qkmlp-ylabel" transform="translate({M - 10},{6 + P / 2}) rotate(-90)" '
+        'text-anchor="middle"></text>'
+        "</g></svg>"
+    )
+
+
+def static_explorer_html(*, activation: Optional[str] = None, form: str = "gated", alpha: float = 2.0,
+                         rank: Optional[int] = None, ranks: Sequence[int] = (1,),
+                         alphas: Optional[Sequence[float]] = None,
+                         activations: Optional[Sequence[str]] = None,
+                         forms: Sequence[str] = FORMS, seed: int = 0,
+                         uid: Optional[str] = None, data: Optional[dict] = None) -> str:
+    """The explorer as one self-contained HTML fragment (inline CSS, SVG and JS).
+
+    ``activation``, ``form``, ``alpha`` and ``rank`` are the initial settings (``alpha``
+    must be on the grid; ``activation`` defaults to silu, or the first of ``activations``
+    without it; ``rank`` defaults to ``ranks[0]``). ``uid`` (default: random)
+    namespaces the container's id. ``data``: frames already computed by
+    :func:`static_explorer_data` (then ``alphas``, ``activations``, ``forms``, ``ranks`` and
+    ``seed`` are taken from it). With the defaults the fragment is about 0.4 MB.
+    """
+    if data is not None:
+        alphas, activations, forms = data["alphas"], data["activations"], data["forms"]
+        ranks, seed = data["ranks"], data["seed"]
+    names = list(activations or activation_names())
+    if activation is None:
+        activation = "silu" if "silu" in names else names[0]
+    grid = [float(a) for a in (default_alphas() if alphas is None else alphas)]
+    ranks = [int(r) for r in ranks]
+    rank = ranks[0] if ranks and rank is None else rank
+    for val, opts, what in ((activation, names, "activation"), (form, list(forms), "form"),
+                            (rank, ranks, "rank")):
+        if val not in opts:
+            raise ValueError(f"{what} must be one of {opts}, got {val!r}")
+    if float(alpha) not in grid:
+        raise ValueError(f"alpha must be one of the grid's values {grid}, got {alpha!r}")
+    uid = uid or f"qkmlp-explorer-{uuid.uuid4().hex[:10]}"
+    if not uid.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"uid must contain only letters, digits, '-' and '_', got {uid!r}")
+    if data is None:
+        data = static_explorer_data(alphas=grid, activations=names, forms=forms, ranks=ranks, seed=seed)
+    i0 = data["alphas"].index(float(alpha))
+    payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    npts = len(data["plot"][data["forms"][0]][data["activations"][0]]["x0"])
+
+    def options(values, selected):
+        return "".join(
+            f'<option value="{html.escape(str(v))}"{" selected" if v == selected else ""}>'
+            f"{html.escape(str(v))}</option>"
+            for v in values
+        )
+
+    several_ranks = len(data["ranks"]) > 1
+    if several_ranks:
+        rank_control = (f'<label>rank <select class="qkmlp-rank">{options(data["ranks"], rank)}'
+                        "</select></label>")
+    else:  # nothing to choose: the rank is fixed, not a menu with one entry
+        rank_control = f'<input type="hidden" class="qkmlp-rank" value="{rank}">'
+    plots = (_panel_svg("qkmlp-panel-scale", "inverse scaling q→αq, k→k/α", npts)
+             + _panel_svg("qkmlp-panel-swap", "swap q↔k (at α)", npts))
+    about_rank = (
+        " The transforms act on each rank component separately, so the two plots are the "
+        "same at every rank; the numbers in the table are measured on the whole layer of "
+        "the chosen rank." if several_ranks else
+        f" The layer has rank {rank}."
+    )
+    note = (
+        "The table compares two layers on a fixed batch of 64 random inputs: the relative "
+        "change ‖g(x) − f(x)‖/‖f(x)‖ and what the theorems predict. The plots show one rank "
+        "component on a 7×7 grid of projections (a, b) in [−2, 2]²: left, its value after "
+        "the inverse scaling against before; right, after also swapping q and k. Points on "
+        "the grey diagonal are unchanged. α runs over a log-spaced grid of negative and "
+        f"positive values; the layer (d = {D_MODEL}, m = {D_HIDDEN}, float64, one fixed "
+        "random seed) and every number were computed when the book was built, so the "
+        "explorer works without Python." + about_rank
+    )
+    return (
+        f'<div class="qkmlp-static-explorer" id="{uid}">'
+        f"<style>{_CSS.format(uid=uid, panel=PANEL_PX)}</style>"
+        '<div class="qkmlp-controls">'
+        f'<label>α = <span class="qkmlp-alpha-value">{alpha:.3g}</span> '
+        f'<input type="range" class="qkmlp-alpha" min="0" max="{len(data["alphas"]) - 1}" '
+        f'step="1" value="{i0}" '
+        'aria-label="alpha (index into a log-spaced grid of negative and positive values)">'
+        "</label>"
+        f'<label>σ <select class="qkmlp-activation">{options(data["activations"], activation)}'
+        "</select></label>"
+        f'<label>form <select class="qkmlp-form">{options(data["forms"], form)}</select></label>'
+        f"{rank_control}"
+        "</div>"
+        "<table><tr><th></th><th>change</th><th>measured (theorem)</th></tr>"
+        '<tr><td>inverse scaling by α</td><td class="qkmlp-scale-change"></td>'
+        '<td class="qkmlp-scale-predicted"></td></tr>'
+        '<tr><td>swap q↔k at α</td><td class="qkmlp-swap-change"></td>'
+        '<td class="qkmlp-swap-predicted"></td></tr>'
+        "</table>"
+        f'<div class="qkmlp-plot">{plots}</div>'
+        f'<p class="qkmlp-note">{html.escape(note)}</p>'
+        f'<script type="application/json" class="qkmlp-data">{payload}</script>'
+        f"<script>{_JS.replace('__UID__', uid)}</script>"
+        "</div>"
+    )

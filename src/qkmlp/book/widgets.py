@@ -1,0 +1,374 @@
+"""Interactive symmetry explorer (model/view) and the measurements behind it.
+
+Two layers of code:
+
+- **Measurements** (no ipywidgets needed): :func:`make_layer`, :func:`make_batch`,
+  :func:`measure`, :func:`component_products`, :func:`scaling_sweep`. They also feed the
+  static HTML explorer (:mod:`qkmlp.book.static_explorer`) and the chapter "Symmetry breaking".
+- **View**: :class:`SymmetryExplorer`, an ipywidgets panel whose controls are attributes
+  (``.alpha``, ``.activation``, ``.form``, ``.rank``) and whose current measurements are
+  :meth:`SymmetryExplorer.numbers`. Its figure is one matplotlib ``Figure`` updated in
+  place (``set_offsets`` on existing artists) and shown as PNG bytes in an
+  ``ipywidgets.Image``, so moving a control never piles up figures or flickers.
+
+What is measured, for a fixed random layer (float64) and batch x:
+
+- ``scale_change``: ‖f_α(x) − f(x)‖/‖f(x)‖ with f_α = ``rescaled(layer, α)``
+  (q → αq, k → k/α).
+- ``swap_change``: the same for q ↔ k, applied *at the current point of the scaling
+  orbit*: f_α versus ``swapped(rescaled(layer, α))``. At α = 1 this is the plain swap; for
+  other α it shows that moving along the scaling orbit never repairs a broken swap.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from .._checks import positive_int
+from ..activations import activation_names, get_activation
+from ..layers import GatedMLP, SymmetricBilinearMLP
+from ..symmetry import (
+    relative_change,
+    rescaled,
+    rescaling_is_symmetry,
+    swap_is_symmetry,
+    swapped,
+)
+
+__all__ = [
+    "FORMS",
+    "default_alphas",
+    "one_thread",
+    "make_layer",
+    "make_batch",
+    "measure",
+    "predicted_scale_change",
+    "component_products",
+    "scaling_sweep",
+    "SymmetryExplorer",
+    "symmetry_explorer",
+]
+
+#: The two rank-r forms the explorer compares.
+FORMS = ("gated", "symmetric")
+_LAYERS = {"gated": GatedMLP, "symmetric": SymmetricBilinearMLP}
+
+#: Default sizes of the explorer's fixed random layer and batch.
+D_MODEL, D_HIDDEN, BATCH = 8, 16, 64
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Run torch on one CPU thread inside the block (restored after).
+
+    The explorer's layers are tiny (8×16): for them thread start-up costs more than the
+    arithmetic, by 10× on a busy 2-core machine.
+    """
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def default_alphas(max_alpha: float = 4.0, steps_per_octave: int = 4) -> list[float]:
+    """Log-spaced α grid, negative and positive: ±2^(k/steps), |α| ≤ max_alpha, sorted.
+
+    Contains ±1 and every power of two in range exactly.
+    """
+    if not (math.isfinite(max_alpha) and max_alpha >= 1):
+        raise ValueError(f"max_alpha must be a finite number >= 1, got {max_alpha!r}")
+    positive_int(steps_per_octave, "steps_per_octave")
+    kmax = int(math.floor(math.log2(max_alpha) * steps_per_octave + 1e-9))
+    pos = [2.0 ** (k / steps_per_octave) for k in range(-kmax, kmax + 1)]
+    return [-a for a in reversed(pos)] + pos
+
+
+def _check_form(form: str) -> str:
+    if form not in FORMS:
+        raise ValueError(f"unknown form {form!r}; expected one of {', '.join(FORMS)}")
+    return form
+
+
+def make_layer(form: str, activation, rank: int = 1, *, d_model: int = D_MODEL,
+               d_hidden: int = D_HIDDEN, seed: int = 0):
+    """The explorer's fixed random float64 layer: ``GatedMLP`` or ``SymmetricBilinearMLP``.
+
+    The weights depend only on (rank, sizes, seed), not on the form or the activation, so
+    switching either compares the same weights.
+    """
+    cls = _LAYERS[_check_form(form)]
+    gen_state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(seed)
+        return cls(d_model, d_hidden, rank=rank, activation=activation, dtype=torch.float64)
+    finally:
+        torch.random.set_rng_state(gen_state)
+
+
+def make_batch(d_model: int = D_MODEL, n: int = BATCH, *, seed: int = 1) -> torch.Tensor:
+    """A fixed standard-normal float64 batch, shape (n, d_model)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d_model, generator=g, dtype=torch.float64)
+
+
+def predicted_scale_change(layer, alpha: float) -> Optional[float]:
+    """What the theorems predict for ``scale_change``, or ``None`` where they say only "breaks".
+
+    0 where inverse scaling is a symmetry. For the gated form with degree-p homogeneous σ:
+    α > 0 multiplies the output by α^(p−1), so the relative change is |α^(p−1) − 1|; α < 0
+    turns f(x) into |α|^(p−1) f(−x), which for odd σ is |α|^(p−1) f(x), a relative change
+    of ||α|^(p−1) − 1|.
+    """
+    if rescaling_is_symmetry(layer, alpha):
+        return 0.0
+    act = layer.activation
+    p = act.homogeneity_degree
+    if isinstance(layer, GatedMLP) and p is not None:
+        if alpha > 0:
+            return abs(alpha ** (p - 1) - 1.0)
+        if act.is_odd:
+            return abs(abs(alpha) ** (p - 1) - 1.0)
+    return None
+
+
+def measure(layer, x: torch.Tensor, alpha: float) -> dict:
+    """Measured relative changes at α and the theorems' predictions.
+
+    layer: a ``GatedMLP`` or ``SymmetricBilinearMLP``; x: a batch of shape (n, d_model);
+    alpha: a finite non-zero float.
+    Returns ``scale_change``, ``swap_change`` (floats, see the module docstring),
+    ``scale_predicted_invariant``, ``swap_predicted_invariant`` (bools from
+    :func:`qkmlp.symmetry.rescaling_is_symmetry` and :func:`~qkmlp.symmetry.swap_is_symmetry`)
+    and ``scale_predicted_change`` (float or ``None``, :func:`predicted_scale_change`).
+    """
+    moved = rescaled(layer, alpha)
+    return {
+        "scale_change": relative_change(layer, moved, x),
+        "swap_change": relative_change(moved, swapped(moved), x),
+        "scale_predicted_invariant": bool(rescaling_is_symmetry(layer, alpha)),
+        "swap_predicted_invariant": bool(swap_is_symmetry(layer)),
+        "scale_predicted_change": predicted_scale_change(layer, alpha),
+    }
+
+
+def component_products(form: str, activation, alpha: float, a, b):
+    """One rank component's contribution before, after scaling, and after swapping.
+
+    With a = x·q and b = x·k (arrays of equal shape), returns three numpy arrays:
+    gated: σ(a)b, σ(αa)(b/α), σ(b/α)(αa); symmetric: σ(ab), σ((αa)(b/α)), σ((b/α)(αa)).
+    The first two are the explorer's "scaling" scatter; the last two its "swap" scatter.
+    """
+    _check_form(form)
+    sigma = get_activation(activation)
+    a = torch.as_tensor(np.asarray(a, dtype=np.float64))
+    b = torch.as_tensor(np.asarray(b, dtype=np.float64))
+    if a.shape != b.shape:
+        raise ValueError(f"a and b must have the same shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+    qa, kb = alpha * a, b / alpha
+    if form == "gated":
+        out = (sigma(a) * b, sigma(qa) * kb, sigma(kb) * qa)
+    else:
+        out = (sigma(a * b), sigma(qa * kb), sigma(kb * qa))
+    return tuple(t.numpy() for t in out)
+
+
+def scaling_sweep(form: str, alphas: Sequence[float], activations: Optional[Sequence[str]] = None,
+                  rank: int = 1, *, seed: int = 0) -> dict:
+    """``scale_change`` for every activation and α: {name: float64 array of len(alphas)}."""
+    x = make_batch(seed=seed + 1)
+    out = {}
+    with one_thread():
+        for name in activations or activation_names():
+            layer = make_layer(form, name, rank, seed=seed)
+            out[name] = np.array([relative_change(layer, rescaled(layer, a), x) for a in alphas])
+    return out
+
+
+# --- the ipywidgets view ----------------------------------------------------------------
+
+def _grid(n: int = 7, span: float = 2.0):
+    """The (a, b) grid of the scatter plots, flattened: two arrays of n² points."""
+    g = np.linspace(-span, span, n)
+    a, b = np.meshgrid(g, g, indexing="ij")
+    return a.ravel(), b.ravel()
+
+
+def _fmt(v: float) -> str:
+    if v == 0:
+        return "0"
+    return f"{v:.2e}" if abs(v) < 1e-3 else f"{v:.4f}"
+
+
+class SymmetryExplorer:
+    """Live explorer of the scaling and swap symmetries of one fixed random layer.
+
+    Controls (ipywidgets, also the model's state): ``.alpha`` (SelectionSlider over a
+    log-spaced grid of negative and positive α), ``.activation`` (Dropdown over the
+    registry), ``.form`` (Dropdown: gated / symmetric), ``.rank`` (IntSlider).
+    Setting any control's ``.value`` updates :meth:`numbers`, the readout and the figure.
+    ``.figure`` is the matplotlib Figure; ``.scale_points`` / ``.swap_points`` its two
+    scatter artists; ``.image`` the ipywidgets.Image that shows it.
+    """
+
+    def __init__(self, *, activation: str = "silu", form: str = "gated", alpha: float = 2.0,
+                 rank: int = 1, max_rank: int = 4, alphas: Optional[Sequence[float]] = None,
+                 activations: Optional[Sequence[str]] = None, seed: int = 0) -> None:
+        import ipywidgets as W
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        alphas = list(default_alphas() if alphas is None else alphas)
+        for a in alphas:
+            if not (math.isfinite(a) and a != 0):
+                raise ValueError(f"alphas must be finite and non-zero, got {a!r}")
+        names = list(activations or activation_names())
+        for n in names:
+            get_activation(n)  # raises with the valid names
+        if alpha not in alphas:
+            raise ValueError(f"alpha must be one of the slider's values {alphas}, got {alpha!r}")
+        if activation not in names:
+            raise ValueError(f"activation must be one of {names}, got {activation!r}")
+        _check_form(form)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= max_rank:
+            raise ValueError(f"rank must be an integer in 1..{max_rank}, got {rank!r}")
+
+        self.seed = seed
+        self.x = make_batch(seed=seed + 1)
+        self._a, self._b = _grid()
+        self.alpha = W.SelectionSlider(options=[(f"{a:.3g}", a) for a in alphas], value=alpha,
+                                       description="α", continuous_update=True)
+        self.activation = W.Dropdown(options=names, value=activation, description="σ")
+        self.form = W.Dropdown(options=list(FORMS), value=form, description="form")
+        self.rank = W.IntSlider(min=1, max=max_rank, value=rank, description="rank r")
+        self.readout = W.HTML()
+        # the PNG is 600 px wide; on a narrow screen it shrinks to the width of the page
+        self.image = W.Image(format="png", layout=W.Layout(width="100%", max_width="600px",
+                                                           height="auto"))
+
+        fig = Figure(figsize=(7.5, 3.4), dpi=80)
+        FigureCanvasAgg(fig)
+        self.figure = fig
+        self._ax_scale, self._ax_swap = fig.subplots(1, 2)
+        self.scale_points = self._ax_scale.scatter([], [], s=14, color="C0")
+        self.swap_points = self._ax_swap.scatter([], [], s=14, color="C3")
+        self._diag = [ax.plot([], [], color="0.6", lw=1, zorder=0)[0]
+                      for ax in (self._ax_scale, self._ax_swap)]
+        fig.subplots_adjust(left=0.09, right=0.98, bottom=0.16, top=0.86, wspace=0.3)
+
+        self._layer = None
+        self._layer_key = None
+        self._held = False
+        for w in (self.alpha, self.activation, self.form, self.rank):
+            w.observe(self.update, names="value")
+        self.update()
+
+    # model --------------------------------------------------------------------------
+    @property
+    def layer(self):
+        """The current fixed random layer (rebuilt only when form, σ or rank change)."""
+        key = (self.form.value, self.activation.value, self.rank.value)
+        if key != self._layer_key:
+            self._layer = make_layer(*key, seed=self.seed)
+            self._layer_key = key
+        return self._layer
+
+    def numbers(self) -> dict:
+        """Current measurements (see :func:`measure`) plus the control values."""
+        out = measure(self.layer, self.x, self.alpha.value)
+        out.update(alpha=self.alpha.value, activation=self.activation.value,
+                   form=self.form.value, rank=self.rank.value)
+        return out
+
+    # view ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def hold(self):
+        """Set several controls with one redraw: ``with ex.hold(): ex.alpha.value = ...``."""
+        self._held = True
+        try:
+            yield self
+        finally:
+            self._held = False
+            self.update()
+
+    def update(self, change=None) -> None:
+        """Recompute the numbers and redraw the one figure in place."""
+        if self._held:
+            return
+        with one_thread():
+            nums = self.numbers()
+        alpha, form, act = nums["alpha"], nums["form"], nums["activation"]
+        p0, pa, ps = component_products(form, act, alpha, self._a, self._b)
+        self.scale_points.set_offsets(np.column_stack([p0, pa]))
+        self.swap_points.set_offsets(np.column_stack([pa, ps]))
+        if form == "gated":
+            labels = [("σ(a)·b", "σ(αa)·(b/α)"), ("σ(αa)·(b/α)", "σ(b/α)·(αa)")]
+        else:
+            labels = [("σ(ab)", "σ((αa)(b/α))"), ("σ((αa)(b/α))", "σ((b/α)(αa))")]
+        titles = ["inverse scaling q→αq, k→k/α", "swap q↔k (at α)"]
+        for ax, diag, (xs, ys), (xl, yl), title in zip(
+            (self._ax_scale, self._ax_swap), self._diag,
+            ((p0, pa), (pa, ps)), labels, titles,
+        ):
+            lo = float(min(xs.min(), ys.min()))
+            hi = float(max(xs.max(), ys.max()))
+            pad = 0.05 * (hi - lo) + 1e-9
+            lo, hi = lo - pad, hi + pad
+            ax.set_xlim(lo, hi)
+            ax.set_ylim(lo, hi)
+            diag.set_data([lo, hi], [lo, hi])
+            ax.set_xlabel(xl)
+            ax.set_ylabel(yl)
+            ax.set_title(title, fontsize=10)
+        self.figure.suptitle(f"{form}, σ = {act}, α = {alpha:.3g}, one rank component on a 7×7 (a, b) grid",
+                             fontsize=10)
+        buf = io.BytesIO()
+        self.figure.savefig(buf, format="png")
+        self.image.value = buf.getvalue()
+        self.readout.value = self._readout_html(nums)
+
+    @staticmethod
+    def _readout_html(n: dict) -> str:
+        def verdict(measured: float, predicted: bool) -> str:
+            seen = "invariant" if measured < 1e-9 else "changes"
+            want = "invariant" if predicted else "breaks"
+            return f"<td>{_fmt(measured)}</td><td>{seen}</td><td>{want}</td>"
+
+        pred = n["scale_predicted_change"]
+        extra = "" if pred is None or pred == 0 else f" (theorem: exactly {_fmt(pred)})"
+        return (
+            "<style>.qkmlp-readout td, .qkmlp-readout th {padding: 2px 12px; text-align: left;}</style>"
+            "<table class='qkmlp-readout'><tr><th></th><th>relative output change</th><th>measured</th><th>theorem</th></tr>"
+            f"<tr><td>scaling by α</td>{verdict(n['scale_change'], n['scale_predicted_invariant'])}</tr>"
+            f"<tr><td>swap q↔k</td>{verdict(n['swap_change'], n['swap_predicted_invariant'])}</tr>"
+            f"</table>{extra}"
+        )
+
+    @property
+    def widget(self):
+        """The whole panel as one ipywidgets.VBox."""
+        import ipywidgets as W
+
+        if not hasattr(self, "_box"):
+            wrap = W.Layout(flex_flow="row wrap")   # controls wrap onto lines on a phone
+            self._box = W.VBox([
+                W.HBox([self.alpha, self.activation], layout=wrap),
+                W.HBox([self.form, self.rank], layout=wrap),
+                self.readout,
+                self.image,
+            ], layout=W.Layout(max_width="100%"))
+        return self._box
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.widget._repr_mimebundle_(**kwargs)
+
+
+def symmetry_explorer(**kwargs) -> SymmetryExplorer:
+    """Build a :class:`SymmetryExplorer` (keyword arguments as its constructor)."""
+    return SymmetryExplorer(**kwargs)
