@@ -52,6 +52,10 @@ def test_budget_tests_follow_the_declared_rule_and_agree_with_scipy():
         assert rows[k]["t_p"] == pytest.approx(want, rel=1e-9)
     ps = sorted(r["t_p"] for r in rows.values())
     assert min(r["holm_p"] for r in rows.values()) == pytest.approx(min(1, 3 * ps[0]))
+    # a declaration naming three grids of which one is stored: Holm over all 3 x 3 = 9
+    named = {k: {**d, "grids": ["g1", "g2", "g3"]} for k, d in decls.items()}
+    rows9 = {r["id"]: r for r in budget_tests(named, res)}
+    assert rows9["x"]["holm_m"] == 9 and rows9["x"]["holm_p"] == pytest.approx(min(1, 9 * ps[0]))
 
 
 def test_trend_slopes_are_least_squares_slopes_in_log2_budget():

@@ -121,9 +121,11 @@ def verdict(holm_p: float, tost_p: float, mean_diff: float, alpha: float) -> str
 
 def budget_tests(declarations: Mapping[str, dict], results_by_steps: Mapping[int, dict]) -> list[dict]:
     """The per-budget tests of ``declarations`` (each with a ``comparison``) on every budget
-    present, Holm-corrected together (the declared family). One row per (test, budget):
+    present, Holm-corrected together over the declared family (each declaration times the
+    grids it names; a grid not stored yet enters as p = 1). One row per (test, budget):
     ``id``, ``steps``, ``a``, ``b``, ``n``, ``mean_diff`` (a − b), ``ci`` (95 % t), ``t_p``,
-    ``wilcoxon_p``, ``holm_p``, ``tost_p``, ``margin``, ``verdict``, ``wilcoxon_agrees``
+    ``wilcoxon_p``, ``holm_p`` (and ``holm_m``, the family's size), ``tost_p``, ``margin``,
+    ``verdict``, ``wilcoxon_agrees``
     (both tests on the same side of α, uncorrected) and ``diffs``/``seeds``."""
     rows = []
     for key, d in declarations.items():
@@ -135,8 +137,13 @@ def budget_tests(declarations: Mapping[str, dict], results_by_steps: Mapping[int
                          "mean_diff": mu, "sd_diff": sd, "ci": t_interval(diffs), "t_p": t_test(diffs),
                          "wilcoxon_p": wilcoxon_test(diffs), "tost_p": tost(diffs, d["equivalence"]["margin"]),
                          "margin": d["equivalence"]["margin"], "alpha": d["alpha"], "seeds": seeds, "diffs": diffs})
-    for r, p in zip(rows, holm([r["t_p"] for r in rows]) if rows else []):
+    # Holm over the whole declared family (every declaration x every grid it names); a grid
+    # not stored yet counts as p = 1, which can only make the correction stricter
+    declared = sum(len(d.get("grids", ())) for d in declarations.values())
+    pad = max(0, declared - len(rows))
+    for r, p in zip(rows, holm([r["t_p"] for r in rows] + [1.0] * pad)[:len(rows)] if rows else []):
         r["holm_p"] = p
+        r["holm_m"] = len(rows) + pad
         r["verdict"] = verdict(p, r["tost_p"], r["mean_diff"], r["alpha"])
         r["wilcoxon_agrees"] = (r["t_p"] < r["alpha"]) == (r["wilcoxon_p"] < r["alpha"])
     return rows
