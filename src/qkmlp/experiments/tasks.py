@@ -49,6 +49,7 @@ from .train import train
 
 __all__ = [
     "Task", "TASKS", "get_task", "digits_data", "modadd_data", "teacher_data", "parity_floor", "recall_data",
+    "recall_splits",
     "TinyTransformer", "TOY_FAMILIES", "SLOW_TOY_FAMILIES", "RANK2_FAMILIES", "LM_FAMILIES",
     "COMPUTE_FAMILIES", "COMPUTE_BUDGETS",
 ]
@@ -382,13 +383,20 @@ def _recall_cells(cfg):
     return [{"family": f, "m_kv": m} for m in cfg["sizes"] for f in cfg["families"]]
 
 
-def _recall_run(cell, seed, cfg, device, progress=None):
-    S, R, V, Fi, L, d = (cfg[k] for k in ("n_subjects", "n_relations", "n_values", "n_filler", "seq_len", "d"))
+def recall_splits(cfg: dict, seed: int):
+    """The fact table of ``seed`` (n_subjects, n_relations) and its (x_train, y_train, x_val,
+    y_val, x_test, y_test): every split drawn from the seed, each with its own generator."""
+    S, R, V, Fi, L = (cfg[k] for k in ("n_subjects", "n_relations", "n_values", "n_filler", "seq_len"))
     table = torch.randint(0, V, (S, R), generator=torch.Generator().manual_seed(seed))
     xtr, ytr = recall_data(S, R, V, Fi, L, cfg["n_train"], table, seed=10_000 + seed)
     xva, yva = recall_data(S, R, V, Fi, L, cfg["n_val"], table, seed=30_000 + seed)
     xte, yte = recall_data(S, R, V, Fi, L, cfg["n_test"], table, seed=20_000 + seed)
-    data = tuple(t.to(device) for t in (xtr, ytr, xva, yva, xte, yte))
+    return table, (xtr, ytr, xva, yva, xte, yte)
+
+
+def _recall_run(cell, seed, cfg, device, progress=None):
+    S, R, V, Fi, L, d = (cfg[k] for k in ("n_subjects", "n_relations", "n_values", "n_filler", "seq_len", "d"))
+    data = tuple(t.to(device) for t in recall_splits(cfg, seed)[1])
     torch.manual_seed(1000 + seed)
     ffn = make_layer(cell["family"], d, d, kv_budget(d, d, cell["m_kv"]))
     torch.manual_seed(3000 + seed)     # the rest of the model starts identical across families
