@@ -74,7 +74,12 @@ def test_cells_of_narrow_tables():
     row = {"mean_diff": 0.0053, "ci": (-0.0117, 0.0223), "verdict": "not resolved", "mde": 0.0251, "margin": 0.005}
     assert verdicts.gain_cell(row, 3) == "+0.005 [\u22120.012,\u00a0+0.022]"
     assert verdicts.gain_cell({**row, "mean_diff": 0.0039}, 2, scale=100) == "+0.39 [\u22121.17,\u00a0+2.23]"
-    assert verdicts.verdict_cell(row, "SwiGLU", "control") == "not resolved (detectable 0.0251)"
+    assert verdicts.verdict_cell(row, "SwiGLU", "control") == "not resolved"
+    assert verdicts.gain_cell(row, 3, mde_digits=3) == "+0.005 [\u22120.012,\u00a0+0.022] (detectable 0.025)"
+    assert verdicts.breakable("Symmetrised SwiGLU, symmetrised") == "Sym\u00admet\u00adrised SwiGLU, sym\u00admet\u00adrised"
+    assert verdicts.breakable("symmetrised").replace("\u00ad", "") == "symmetrised"
+    assert verdicts.breakable("symmetric SiLU") == "sym\u00admet\u00adric SiLU"
+    assert verdicts.gain_cell({**row, "verdict": "level"}, 3, mde_digits=3) == "+0.005 [\u22120.012,\u00a0+0.022]"
     assert verdicts.verdict_cell({**row, "verdict": "level"}, "a", "b") == "level (±0.005)"
     assert verdicts.verdict_cell({**row, "verdict": "b better"}, "gated", "control") == "control better"
 

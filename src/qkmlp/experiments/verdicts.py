@@ -27,11 +27,17 @@ from typing import Mapping, Optional, Sequence, Union
 
 from .stats import detectable_difference, holm, tost
 
-__all__ = ["family_tests", "verdict", "signed", "interval", "gain_cell", "verdict_cell", "declared_steps",
-           "budget_rows", "trend_status", "multiplier_status", "NBSP", "MINUS"]
+__all__ = ["family_tests", "verdict", "signed", "interval", "gain_cell", "verdict_cell", "breakable", "family_table",
+           "declared_steps", "budget_rows", "budget_table", "budget_p_table", "trend_status", "multiplier_status",
+           "status_text", "NBSP", "MINUS"]
 
 NBSP = "\u00a0"
 MINUS = "\u2212"
+SHY = "\u00ad"
+#: Long words of the chapter's tables, with the places a phone may hyphenate them (soft
+#: hyphens): a table column is as narrow as its longest unbreakable word.
+_HYPHENS = {"symmetrised": "sym-met-rised", "symmetrized": "sym-met-rized", "symmetric": "sym-met-ric",
+            "comparison": "com-par-ison", "replication": "rep-li-ca-tion"}
 
 _STEPS = re.compile(r"_(\d+)\.json$")
 
@@ -103,15 +109,28 @@ def interval(ci: Sequence[float], digits: int, scale: float = 1.0) -> str:
     return f"[{signed(lo, digits, scale)},{NBSP}{signed(hi, digits, scale)}]"
 
 
-def gain_cell(row: dict, digits: int, scale: float = 1.0) -> str:
+def gain_cell(row: dict, digits: int, scale: float = 1.0, mde_digits: Optional[int] = None) -> str:
     """The mean difference and its interval: "+0.005 [−0.012, +0.022]" (a break only
-    between the two)."""
-    return f"{signed(row['mean_diff'], digits, scale)} {interval(row['ci'], digits, scale)}"
+    between the two); with ``mde_digits``, an unresolved row adds the difference the test
+    could have detected: "… (detectable 0.035)"."""
+    out = f"{signed(row['mean_diff'], digits, scale)} {interval(row['ci'], digits, scale)}"
+    if mde_digits is not None and row.get("verdict") == "not resolved":
+        out += f" (detectable {row['mde'] * scale:.{mde_digits}f})"
+    return out
+
+
+def breakable(text: str) -> str:
+    """``text`` with soft hyphens in the long words of :data:`_HYPHENS` (invisible unless a
+    narrow column breaks the word there)."""
+    for word, parts in _HYPHENS.items():
+        for w, p in ((word, parts), (word.capitalize(), parts.capitalize())):
+            text = text.replace(w, p.replace("-", SHY))
+    return text
 
 
 def verdict_cell(row: dict, a: str, b: str, digits: int = 3, scale: float = 1.0) -> str:
     """The verdict in words for a table: "{a} better", "{b} better", "level (±margin)" or
-    "not resolved (detectable …)"."""
+    "not resolved" (its detectable difference goes beside the gain, :func:`gain_cell`)."""
     v = row["verdict"]
     if v == "a better":
         return f"{a} better"
@@ -119,7 +138,20 @@ def verdict_cell(row: dict, a: str, b: str, digits: int = 3, scale: float = 1.0)
         return f"{b} better"
     if v == "level":
         return f"level (±{row['margin'] * scale:.{digits}g})"
-    return f"not resolved (detectable {row['mde'] * scale:.{digits}g})"
+    return "not resolved"
+
+
+def family_table(rows: list[dict], labels: Sequence[str], a: str = "gated", b: str = "control", digits: int = 2,
+                 scale: float = 1.0, mde_digits: int = 1) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of a three-column table for :func:`qkmlp.book.figures.table`: the
+    verdict first, then the comparison (``labels``, one per row), then the gain and its
+    interval on one line (and, where unresolved, the detectable difference). A level row
+    names its margin."""
+    if len(labels) != len(rows):
+        raise ValueError(f"got {len(labels)} labels for {len(rows)} rows")
+    body = [[verdict_cell(r, a, b, 3, scale), breakable(lab), gain_cell(r, digits, scale, mde_digits)]
+            for r, lab in zip(rows, labels)]
+    return ["verdict", breakable("comparison"), "gain (95 % interval)"], body
 
 
 # --- declared grids: what the stored budgets allow ------------------------------------------------
@@ -149,6 +181,50 @@ def budget_rows(declarations: Mapping[str, dict], results_by_steps: Mapping[int,
             rows.append(by.get((key, steps)) or {"id": key, "steps": steps, "a": d["comparison"]["a"]["family"],
                                                  "b": d["comparison"]["b"]["family"], "verdict": "not yet run"})
     return rows
+
+
+def budget_table(rows: list[dict], labels: Mapping[str, str], a: str = "SwiGLU",
+                 digits: int = 3) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the declared per-budget tests (:func:`budget_rows`), verdict first:
+    ``labels`` names each ``b`` family. A budget not stored yet says so; beside an unresolved
+    gap, the difference the first Holm step would detect with power 0.8. A budget
+    not stored yet gets one row for all its comparisons, at the end."""
+    body, missing = [], []
+    for r in rows:
+        what = breakable(f"{labels[r['b']]}, {_steps(r['steps'])} steps")
+        v = r["verdict"]
+        if v == "not yet run":
+            if r["steps"] not in missing:
+                missing.append(r["steps"])
+            continue
+        if v == "a lower":
+            words = f"{a} lower"
+        elif v == "b lower":
+            words = f"{labels[r['b']]} lower"
+        elif v == "level within ±margin":
+            words = f"level (±{r['margin']:g})"
+        else:
+            words = "not resolved"
+        cell = gain_cell(r, digits)
+        if v == "not resolved":
+            mde = detectable_difference(r["sd_diff"], r["n"], alpha=r["alpha"] / r["holm_m"])
+            cell += f" (detectable {mde:.{digits}f})"
+        body.append([words, what, cell])
+    body += [["not yet run", f"every test, {_steps(s)} steps", "–"] for s in sorted(missing)]
+    return ["verdict", f"{a} against", f"{a} − control (95 % interval)"], body
+
+
+def budget_p_table(rows: list[dict], labels: Mapping[str, str]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the p-values behind :func:`budget_table`, for the stored budgets:
+    the paired t-test after Holm, the Wilcoxon companion (uncorrected) and the TOST."""
+    body = [[breakable(f"{labels[r['b']]}, {_steps(r['steps'])}"), f"{r['holm_p']:.3f}", f"{r['wilcoxon_p']:.3f}",
+             f"{r['tost_p']:.3f}"] for r in rows if r["verdict"] != "not yet run"]
+    return ["against, steps", "t, Holm", "Wilcoxon", "TOST"], body
+
+
+def _steps(n: int) -> str:
+    """1500 -> "1 500" with a thin no-break space (the chapter's digit grouping)."""
+    return f"{n:,}".replace(",", "\u202f")
 
 
 def trend_status(declaration: dict, results_by_steps: Mapping[int, dict]) -> dict:
@@ -202,3 +278,43 @@ def multiplier_status(declaration: dict, results_by_steps: Mapping[int, dict], b
                 row.update(est[a, b, steps], status="estimated")
             rows.append(row)
     return rows
+
+
+def _and(items: Sequence[str]) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def status_text(budget: list[dict], trend: dict, multiplier: list[dict], labels: Mapping[str, str]) -> str:
+    """What the stored budgets allow, in words (Markdown without math): which budgets are
+    stored and which not yet, what the declared trend test can say (nothing with one budget,
+    a difference with two) and where the compute multiplier is estimated, not resolved or
+    not yet run. Made from :func:`budget_rows`, :func:`trend_status` and
+    :func:`multiplier_status`, so it changes with the stored files."""
+    stored = sorted({r["steps"] for r in budget if r["verdict"] != "not yet run"})
+    missing = sorted({r["steps"] for r in budget if r["verdict"] == "not yet run"})
+    out = [f"**Stored:** {_and([_steps(s) for s in stored]) if stored else 'none'} steps."]
+    if missing:
+        out.append(f"**Not yet run:** {_and([_steps(s) for s in missing])} steps.")
+    if trend["status"] == "not yet run":
+        out.append("**Trend:** not yet run; the declared trend test needs at least two budgets.")
+    else:
+        words = []
+        for r in trend["rows"]:
+            words.append(f"against the {labels[r['b']]}, {r['verdict']} ({signed(r['mean_slope'], 4)} nats per "
+                         f"character per doubling, 95 % interval {interval(r['ci'], 4)})")
+        head = ("**Trend (two budgets only, so each slope is the difference between them per doubling, not a "
+                "trend over the range):** " if trend["status"] == "a difference of two budgets" else "**Trend:** ")
+        out.append(head + "; ".join(words) + ".")
+    est = [r for r in multiplier if r["status"] == "estimated"]
+    unresolved = [r for r in multiplier if r["status"] == "not resolved"]
+    if est:
+        out.append("**Compute multiplier:** " + "; ".join(
+            f"the {labels[r['b']]} needs {r['multiplier']:.2g} times the steps to match SwiGLU at "
+            f"{_steps(r['steps'])} (95 % interval {r['ci'][0]:.2g} to {r['ci'][1]:.2g})" for r in est) + ".")
+    if unresolved:
+        out.append("**Compute multiplier, not resolved** (the declared test shows no lead for SwiGLU there): "
+                   + _and([f"against the {labels[r['b']]} at {_steps(r['steps'])}" for r in unresolved]) + ".")
+    if not est and not unresolved:
+        out.append("**Compute multiplier:** not yet run; it needs a larger budget than the one it starts from.")
+    return " ".join(out)
