@@ -210,3 +210,20 @@ def test_width_model_sizes_and_step_timer():
         width.build_model(66)
     with pytest.raises(ValueError, match="rounds"):
         width.measure(rounds=0)
+
+
+def test_status_text_says_what_is_stored_and_what_the_trend_can_say():
+    labels = {"b": "control b"}
+    one = {1500: _grid(1500, 0.02)}
+    rows = verdicts.budget_rows(DECL, one)
+    mult = {"id": "m", "metric": "test_loss", "grids": TREND["grids"], "comparisons": TREND["comparisons"]}
+    text = verdicts.status_text(rows, verdicts.trend_status(TREND, one),
+                                verdicts.multiplier_status(mult, one, rows, n_boot=20), labels)
+    assert "**Stored:** 1\u202f500 steps." in text and "**Not yet run:** 6\u202f000 and 24\u202f000 steps." in text
+    assert "**Trend:** not yet run" in text and "**Compute multiplier:** not yet run" in text
+    two = {1500: _grid(1500, 0.02), 6000: _grid(6000, 0.03)}
+    rows = verdicts.budget_rows(DECL, two)
+    text = verdicts.status_text(rows, verdicts.trend_status(TREND, two),
+                                verdicts.multiplier_status(mult, two, rows, n_boot=20), labels)
+    assert "two budgets only" in text and "SwiGLU gains with compute" in text     # a's lead grows by 0.01
+    assert "needs" in text and "times the steps to match SwiGLU at 1\u202f500" in text

@@ -285,7 +285,8 @@ def _and(items: Sequence[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def status_text(budget: list[dict], trend: dict, multiplier: list[dict], labels: Mapping[str, str]) -> str:
+def status_text(budget: list[dict], trend: dict, multiplier: list[dict], labels: Mapping[str, str],
+                a: str = "SwiGLU") -> str:
     """What the stored budgets allow, in words (Markdown without math): which budgets are
     stored and which not yet, what the declared trend test can say (nothing with one budget,
     a difference with two) and where the compute multiplier is estimated, not resolved or
@@ -300,8 +301,11 @@ def status_text(budget: list[dict], trend: dict, multiplier: list[dict], labels:
         out.append("**Trend:** not yet run; the declared trend test needs at least two budgets.")
     else:
         words = []
+        say = {"a gains with compute": f"{a} gains with compute", "b gains with compute": "the control gains "
+               "with compute", "not resolved": "not resolved"}
         for r in trend["rows"]:
-            words.append(f"against the {labels[r['b']]}, {r['verdict']} ({signed(r['mean_slope'], 4)} nats per "
+            v = say.get(r["verdict"], f"flat within ±{r['margin']:g}")
+            words.append(f"against the {labels[r['b']]}, {v} ({signed(r['mean_slope'], 4)} nats per "
                          f"character per doubling, 95 % interval {interval(r['ci'], 4)})")
         head = ("**Trend (two budgets only, so each slope is the difference between them per doubling, not a "
                 "trend over the range):** " if trend["status"] == "a difference of two budgets" else "**Trend:** ")
@@ -310,10 +314,10 @@ def status_text(budget: list[dict], trend: dict, multiplier: list[dict], labels:
     unresolved = [r for r in multiplier if r["status"] == "not resolved"]
     if est:
         out.append("**Compute multiplier:** " + "; ".join(
-            f"the {labels[r['b']]} needs {r['multiplier']:.2g} times the steps to match SwiGLU at "
+            f"the {labels[r['b']]} needs {r['multiplier']:.2g} times the steps to match {a} at "
             f"{_steps(r['steps'])} (95 % interval {r['ci'][0]:.2g} to {r['ci'][1]:.2g})" for r in est) + ".")
     if unresolved:
-        out.append("**Compute multiplier, not resolved** (the declared test shows no lead for SwiGLU there): "
+        out.append(f"**Compute multiplier, not resolved** (the declared test shows no lead for {a} there): "
                    + _and([f"against the {labels[r['b']]} at {_steps(r['steps'])}" for r in unresolved]) + ".")
     if not est and not unresolved:
         out.append("**Compute multiplier:** not yet run; it needs a larger budget than the one it starts from.")
