@@ -151,7 +151,7 @@ def family_table(rows: list[dict], labels: Sequence[str], a: str = "gated", b: s
         raise ValueError(f"got {len(labels)} labels for {len(rows)} rows")
     body = [[verdict_cell(r, a, b, 3, scale), breakable(lab), gain_cell(r, digits, scale, mde_digits)]
             for r, lab in zip(rows, labels)]
-    return ["verdict", breakable("comparison"), "gain (95 % interval)"], body
+    return ["verdict", "case", "gain (95 % interval)"], body
 
 
 # --- declared grids: what the stored budgets allow ------------------------------------------------
