@@ -120,7 +120,7 @@ def gain_cell(row: dict, digits: int, scale: float = 1.0, mde_digits: Optional[i
 
 
 def breakable(text: str) -> str:
-    """``text`` with soft hyphens in the long words of :data:`_HYPHENS` (invisible unless a
+    """``text`` with soft hyphens in the long words of ``_HYPHENS`` (invisible unless a
     narrow column breaks the word there)."""
     for word, parts in _HYPHENS.items():
         for w, p in ((word, parts), (word.capitalize(), parts.capitalize())):
