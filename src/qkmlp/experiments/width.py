@@ -10,7 +10,7 @@ random characters (the cost does not depend on the text). Widths are measured in
 alternation (round-robin), so a change of load on a shared machine hits both alike; the
 median over rounds is reported.
 
-Command: ``python -m qkmlp.experiments.width --out book/data/experiments/lm_width_cost.json``.
+Command: ``python -m qkmlp.experiments.width --out book/data/experiments/width/lm_width_cost.json``.
 """
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def measure(widths: Sequence[int] = (64, 128), family: str = "gated1-silu", roun
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m qkmlp.experiments.width", description=__doc__.split("\n")[0])
-    p.add_argument("--out", default="book/data/experiments/lm_width_cost.json")
+    p.add_argument("--out", default="book/data/experiments/width/lm_width_cost.json")
     p.add_argument("--widths", default="64,128", help="comma-separated model widths d")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=40, help="steps per width and round")
