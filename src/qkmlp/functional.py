@@ -145,7 +145,9 @@ def activation_backward(name: str, grad: torch.Tensor, z: torch.Tensor, s: torch
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the elementwise math: float32 for float16/bfloat16, else ``dtype``."""
+    """The dtype in which :class:`~qkmlp.KeyValueMLP`, :class:`~qkmlp.StaticQueryMLP` and
+    :class:`~qkmlp.BilinearAttentionMLP` apply σ: float32 for float16/bfloat16, else ``dtype``.
+    (The rank-r layers' fused middle runs in the input dtype itself.)"""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
