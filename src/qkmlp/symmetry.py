@@ -225,7 +225,7 @@ def rescaling_is_symmetry(layer, alpha) -> bool:
     some constant c; this returns the gated answer, which implies it. For the ten named
     activations the two conditions pick the same α; for a custom σ they can differ:
     σ(z) = z·log|z| satisfies the symmetrised condition for every α ≠ 0 (c = α·log|α|)
-    and the gated one for none but α = 1.
+    and the gated one only for α = ±1 (z·log|z| is odd).
     """
     _require(layer, (*_FACTORED, StaticQueryMLP), "rescaling_is_symmetry")
     if isinstance(layer, _GATED):
