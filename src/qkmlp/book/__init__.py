@@ -7,6 +7,7 @@
   chapters 2 and 3.
 - :mod:`~qkmlp.book.ch07_symmetry_group`: the conditions the theorems of chapter 7 put on
   weights and activations, checked at given weights.
+- :mod:`~qkmlp.book.ch10_cost`: chapter 10's verdict tables, laid out for a phone.
 - :mod:`qkmlp.book.figures`: the one plotting recipe (panels that read on every screen,
   SVG rows that wrap, HTML tables).
 - :mod:`qkmlp.book.widgets`: the live symmetry explorer of chapter 5 and the
