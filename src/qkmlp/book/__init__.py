@@ -5,6 +5,9 @@
   :mod:`~qkmlp.book.ch03_bilinear_attention`, :mod:`~qkmlp.book.ch04_rank_one`;
   ``python -m qkmlp.book static-query|product --out FILE`` reruns the stored studies of
   chapters 2 and 3.
+- :mod:`~qkmlp.book.ch07_symmetry_group`: the conditions the theorems of chapter 7 put on
+  weights and activations, checked at given weights.
+- :mod:`~qkmlp.book.ch10_cost`: chapter 10's verdict tables, laid out for a phone.
 - :mod:`qkmlp.book.figures`: the one plotting recipe (panels that read on every screen,
   SVG rows that wrap, HTML tables).
 - :mod:`qkmlp.book.widgets`: the live symmetry explorer of chapter 5 and the
