@@ -95,7 +95,7 @@
     const caption = table.querySelector("caption") || (table.closest("figure") || {}).querySelector?.("figcaption");
     out.tables.push({
       where: short(caption ? caption.textContent : names.join(" | "), 70) + (section(table) ? ` [in "${section(table)}"]` : ""),
-      columns: heads.length, scrolls, hidden, verdict: verdictCols.length > 0,
+      columns: heads.length, names, scrolls, hidden, verdict: verdictCols.length > 0,
       verdict_hidden: hidden.some(n => verdictRe.test(n)),
       width: Math.round(tr.width), box: Math.round(box ? box.clientWidth : column.width),
       stacked: getComputedStyle(table).display === "block" && !scrolls,
