@@ -57,6 +57,7 @@ from urllib.parse import unquote, urldefrag, urlparse
 import pytest
 
 from measure_pages import CHROMIUM_ARGS, chromium, measure_open_page
+from measure_pages import Server as _Server
 from test_book import html_pages, toc_entries
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -939,18 +940,6 @@ def _defect_page(html: Path, page: str) -> str:
                   text, count=1)
     assert "qk-defects" in text and 'class="primary-toggle" style="display:none"' in text
     return text
-
-
-class _Server:
-    def __init__(self, directory: Path):
-        handler = functools.partial(_QuietHandler, directory=str(directory))
-        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def test_checks_catch_known_defects(book_build, browser, tmp_path):
