@@ -12,6 +12,8 @@
   SVG rows that wrap, HTML tables).
 - :mod:`qkmlp.book.widgets`: the live symmetry explorer of chapter 5 and the
   measurements behind it; :mod:`qkmlp.book.static_explorer`, its kernel-free HTML twin.
+- :mod:`qkmlp.book.source_archive`: the book's source as the archive the website ships
+  (``qkmlp-source.tar.gz``), written by the site's build.
 
 Import the modules by name (``from qkmlp.book import figures``); this package imports
 none of them, so each pulls in only what it needs (matplotlib and ipywidgets are loaded
