@@ -167,6 +167,26 @@ def test_digits_split_is_a_partition():
         digits_data(0, fracs=(1.0, 0.0, 0.0))
 
 
+def test_one_test_split_for_every_seed_disjoint_from_every_tuning_split():
+    # the tuning seeds (100, 101, ...) and evaluation seeds (0, 1, ...) share one test set, and no
+    # seed's validation or training examples are test examples (they were 16-26 % before)
+    p = 23
+    pairs = lambda x: {(int(i), int(j)) for i, j in zip(x[:, :p].argmax(1), x[:, p:].argmax(1))}
+    tests, held = [], set()
+    for seed in (0, 1, 7, 100, 101):
+        xtr, _, xva, _, xte, _ = modadd_data(p, (0.6, 0.2, 0.2), seed)
+        tests.append(pairs(xte))
+        held |= pairs(xtr) | pairs(xva)
+        assert len(pairs(xtr) | pairs(xva) | pairs(xte)) == p * p
+    assert all(t == tests[0] for t in tests) and not (held & tests[0])
+    a, b = modadd_data(p, (0.6, 0.2, 0.2), 0), modadd_data(p, (0.6, 0.2, 0.2), 1)
+    assert pairs(a[2]) != pairs(b[2])                       # training and validation still vary by seed
+    d0, d1 = digits_data(0), digits_data(100)
+    assert torch.equal(d0[5], d1[5])                        # the same test labels in the same order
+    shift = d0[4] - d1[4]                                   # the same images, centred on other training means
+    assert torch.allclose(shift, shift[:1].expand_as(shift), atol=1e-6) and shift.abs().max() > 0
+
+
 def test_recall_data_places_subject_relation_and_query():
     S, R, V, Fi, L = 5, 3, 4, 2, 6
     table = torch.randint(0, V, (S, R), generator=torch.Generator().manual_seed(0))
@@ -690,3 +710,87 @@ def test_reuse_budgets_refuses_a_schedule_that_depends_on_the_budget():
         run_grid("teacher", quick=True, progress=False, config={"reuse_budgets": [7]})
     with pytest.raises(ValueError, match="smaller than max_steps"):
         run_grid("teacher", quick=True, progress=False, config={"reuse_budgets": [30]})
+
+
+def test_records_carry_the_code_that_trained_them_and_the_cache_is_keyed_on_its_version(tmp_path, monkeypatch):
+    import subprocess
+
+    import qkmlp.experiments.runner as runner
+
+    rec = run_cell("modadd", TASKS["modadd"].cells(TASKS["modadd"].quick)[0], seed=0, config=_quick("modadd"))
+    here = subprocess.run(["git", "-C", runner.__file__.rsplit("/", 1)[0], "rev-parse", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    assert rec["git_commit"] == (here or "unknown") and rec["code_version"] == runner.RUN_CODE_VERSION
+    assert isinstance(rec["git_dirty"], (bool, type(None)))
+    assert {"git_commit", "git_dirty", "code_version"}.isdisjoint(strip_provenance(rec))
+    # a grid's records land in a folder named by the config hash, which includes the code version
+    run_grid("modadd", quick=True, progress=False, cache=tmp_path)
+    first = {p.name for p in tmp_path.iterdir()}
+    assert len(first) == 1 and all(json.loads(p.read_text())["code_version"] == runner.RUN_CODE_VERSION
+                                   for p in next(tmp_path.iterdir()).glob("*.json"))
+    monkeypatch.setattr(runner, "RUN_CODE_VERSION", runner.RUN_CODE_VERSION + 1)
+    calls = []
+    real = runner.run_cell
+    monkeypatch.setattr(runner, "run_cell", lambda *a, **k: calls.append(1) or real(*a, **k))
+    run_grid("modadd", quick=True, progress=False, cache=tmp_path)
+    assert len({p.name for p in tmp_path.iterdir()} - first) == 1     # a new folder: nothing reused
+    assert calls                                                      # every run trained again
+
+
+def test_wilcoxon_matches_scipy_without_ties_and_a_brute_force_with_them():
+    import itertools
+
+    import numpy as np
+    from scipy.stats import rankdata, wilcoxon
+
+    from qkmlp.experiments.stats import wilcoxon_test
+
+    rng = np.random.default_rng(0)
+    for n in (2, 5, 10, 12):
+        for _ in range(10):
+            d = list(rng.normal(0.3, 1.0, n))
+            assert wilcoxon_test(d) == pytest.approx(wilcoxon(d, method="exact").pvalue, abs=1e-12)
+    for _ in range(10):                            # ties and zeros: the exact conditional distribution
+        d = [float(x) for x in np.round(rng.normal(0.3, 1.0, 8), 1)] + [0.0]
+        nz = [x for x in d if x != 0]
+        r = rankdata(np.abs(nz))
+        w = r[np.array(nz) > 0].sum()
+        sums = [sum(ri for ri, s in zip(r, signs) if s) for signs in itertools.product((0, 1), repeat=len(nz))]
+        c = r.sum() / 2
+        want = np.mean([abs(s - c) >= abs(w - c) - 1e-12 for s in sums])
+        assert wilcoxon_test(d) == pytest.approx(want, abs=1e-12)
+    assert wilcoxon_test([0.0, 0.0]) == 1.0
+    assert wilcoxon_test([1.0] * 10) == pytest.approx(2 / 2 ** 10)
+
+
+def test_tost_is_the_interval_inside_the_margin():
+    import numpy as np
+
+    from qkmlp.experiments.stats import tost
+
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        d = list(rng.normal(rng.uniform(-0.01, 0.01), 0.004, 10))
+        margin = float(rng.uniform(0.002, 0.012))
+        lo, hi = t_interval(d, 0.90)
+        assert (tost(d, margin) < 0.05) == (-margin < lo and hi < margin)
+    with pytest.raises(ValueError, match="margin"):
+        tost([0.1, 0.2], 0.0)
+
+
+def test_tau_bootstrap_point_values_match_kendall_and_the_ordering_counts():
+    from pathlib import Path
+
+    from qkmlp.experiments.report import ordering_agreement, tau_bootstrap
+
+    data = Path(__file__).parent.parent / "book" / "data" / "experiments"
+    short, long = load_results(data / "lm.json"), load_results(data / "lm_long_all.json")
+    out = tau_bootstrap(short, long, n_boot=300)
+    for grid, key in ((short, "tau"), (long, "tau_other")):
+        agree = ordering_agreement(grid)
+        assert out["all"][key] == pytest.approx(agree["kendall_tau"], abs=1e-12)     # scipy's, no ties here
+        res = agree["resolved"]
+        assert out["resolved"][key] == pytest.approx((2 * agree["resolved_agree"] - res) / res)
+    for k in ("all", "resolved"):
+        lo, hi = out[k]["ci_change"]
+        assert lo <= out[k]["change"] <= hi and out[k]["ci"][0] <= out[k]["tau"] <= out[k]["ci"][1]

@@ -17,7 +17,7 @@ processes hits every candidate alike:
   A/A control: its ratio to the first shows how far two identical workloads drift apart
   in the same run. Ratios are also taken *paired*, round by round, with a distribution-
   free 95 % interval for their median (:func:`median_interval`), and each target gets a
-  :func:`verdict`: met, parity (the interval contains the goal) or not met.
+  :func:`~qkmlp.bench.stats.verdict`: met, parity (the interval contains the goal) or not met.
 - ``rank``: rank-r layers against the dense ``BilinearAttentionMLP`` they equal.
 - ``size``: forward time against d for the dense form and the rank-1 / rank-8 forms
   (the dense form's d² wall).

@@ -8,16 +8,17 @@ effect. Figures are drawn on :mod:`qkmlp.figures` panels.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 from .families import get_family
-from .runner import cell_key, compare, summary
+from .runner import cell_key, compare, summary, values_by_seed
 from .stats import detectable_difference, holm, mean_sd
 
 __all__ = ["gain", "comparison_rows", "form_vs_form", "holm_family", "family_label", "plot_paired",
-           "SHAZEER_TABLE1", "shazeer_rows", "ordering_agreement", "plot_vs_shazeer", "plateau_rows",
+           "SHAZEER_TABLE1", "shazeer_rows", "ordering_agreement", "tau_bootstrap", "plot_vs_shazeer", "plateau_rows",
            "plot_val_curves", "cross_table", "plot_cross_table", "swap_rows", "run_shifts", "provenance_rows",
-           "ACTIVATIONS"]
+           "plot_loss_vs_budget", "plot_gaps_vs_budget", "ACTIVATIONS"]
 
 ACTIVATIONS = ("silu", "gelu", "relu")
 
@@ -197,6 +198,65 @@ def ordering_agreement(results: dict, column: int = 0) -> dict:
             "kendall_tau": float(tau)}
 
 
+def _tau(x: list[float], y: list[float], pairs: list[tuple[int, int]]) -> float:
+    """Kendall's τ-a over the given index pairs: (concordant − discordant) / pairs."""
+    s = 0
+    for i, j in pairs:
+        prod = (x[i] - x[j]) * (y[i] - y[j])
+        s += (prod > 0) - (prod < 0)
+    return s / len(pairs)
+
+
+def tau_bootstrap(results: dict, other: Optional[dict] = None, column: int = 0, n_boot: int = 10000,
+                  seed: int = 0, level: float = 0.95) -> dict:
+    """Kendall's τ between our mean test losses and Shazeer's (``column`` of his Table 1)
+    with a seed-bootstrap interval, on all pairs of his eight variants and on the pairs his
+    table resolves (see :func:`ordering_agreement`), where τ is the share of agreeing pairs
+    minus the share of disagreeing ones.
+
+    Seeds are resampled with replacement, the same seeds for every family (the runs are
+    paired). With ``other`` (a second grid on the same seeds, e.g. a longer budget) the
+    change τ(other) − τ(results) is bootstrapped too, with the same resampled seeds in
+    both grids. Returns ``{"all": {...}, "resolved": {...}}``, each with ``tau``, ``ci``
+    and, with ``other``, ``tau_other``, ``ci_other``, ``change``, ``ci_change``.
+    """
+    import random
+    from itertools import combinations
+
+    fams = [f for f in SHAZEER_TABLE1 if f in results["config"]["families"]]
+    theirs = [SHAZEER_TABLE1[f][column] for f in fams]
+    all_pairs = list(combinations(range(len(fams)), 2))
+    resolved = [(i, j) for i, j in all_pairs
+                if abs(theirs[i] - theirs[j]) > 2 * math.hypot(SHAZEER_TABLE1[fams[i]][1], SHAZEER_TABLE1[fams[j]][1])]
+    grids = [results] + ([other] if other is not None else [])
+    by = [[values_by_seed(g, "test_loss", family=f) for f in fams] for g in grids]
+    seeds = sorted(set.intersection(*(set(v) for g in by for v in g)))
+    rng = random.Random(seed)
+
+    def taus(sample):
+        means = [[sum(v[s] for s in sample) / len(sample) for v in g] for g in by]
+        return [[_tau(theirs, m, p) for m in means] for p in (all_pairs, resolved)]
+
+    point = taus(seeds)
+    boot = [taus([rng.choice(seeds) for _ in seeds]) for _ in range(n_boot)]
+    lo_i, hi_i = int((1 - level) / 2 * n_boot), int((1 + level) / 2 * n_boot) - 1
+
+    def interval(vals):
+        vals = sorted(vals)
+        return vals[lo_i], vals[hi_i]
+
+    out = {}
+    for k, name in enumerate(("all", "resolved")):
+        row = {"pairs": len(all_pairs if k == 0 else resolved), "tau": point[k][0],
+               "ci": interval([b[k][0] for b in boot])}
+        if other is not None:
+            row.update(tau_other=point[k][1], ci_other=interval([b[k][1] for b in boot]),
+                       change=point[k][1] - point[k][0], ci_change=interval([b[k][1] - b[k][0] for b in boot]))
+        out[name] = row
+    out["seeds"] = seeds
+    return out
+
+
 def plot_vs_shazeer(rows: list[dict], ax, column: str = "shazeer_65k"):
     """Our difference from ReLU (y, nats per character, 95 % interval) against Shazeer's
     (x, nats per token), one labelled point per variant of his Table 1."""
@@ -320,3 +380,70 @@ def run_shifts(before: dict, after: dict, metric: Optional[str] = None) -> dict:
     if vals[0].keys() != vals[1].keys():
         raise ValueError("expected the same cells and seeds in both runs")
     return {k: abs(vals[1][k] - v) for k, v in vals[0].items()}
+
+
+# --- the gap against compute ---------------------------------------------------------------
+
+def _budget_axis(ax, steps: Sequence[int], stored: Sequence[int]):
+    """x on a log2 scale with a tick at every declared budget; a budget not stored yet is
+    labelled so under its tick."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(steps))
+    ax.set_xticklabels([f"{s:,}".replace(",", "\u2009") + ("" if s in stored else "\nnot yet run") for s in steps])
+    ax.minorticks_off()
+    lo, hi = min(steps), max(steps)
+    ax.set_xlim(lo / 1.6, hi * 1.6)
+    ax.set_xlabel("training steps (log scale)")
+
+
+def plot_loss_vs_budget(results_by_steps: dict, families: Sequence[str], ax, steps: Sequence[int]):
+    """Mean test loss against the step budget, one colour per family, with the 95 %
+    t-interval over seeds (bars); ``steps``: every declared budget (ticks), of which those
+    in ``results_by_steps`` are drawn."""
+    from ..book.figures import COLORS
+    from .stats import t_interval
+
+    if len(families) > len(COLORS):
+        raise ValueError(f"at most {len(COLORS)} families (one colour each)")
+    stored = sorted(results_by_steps)
+    for i, (fam, color) in enumerate(zip(families, COLORS)):
+        xs, ys, lo, hi = [], [], [], []
+        for s in stored:
+            vals = list(values_by_seed(results_by_steps[s], "test_loss", family=fam).values())
+            m = sum(vals) / len(vals)
+            a, b = t_interval(vals)
+            xs.append(s * 2 ** (0.06 * (i - (len(families) - 1) / 2)))      # a small offset per family
+            ys.append(m)
+            lo.append(m - a)
+            hi.append(b - m)
+        ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", color=color, ms=4, capsize=2, lw=1.2, label=family_label(fam))
+    _budget_axis(ax, steps, stored)
+    ax.set_ylabel("test loss (nats/char)")
+    ax.legend(loc="upper right")
+
+
+def plot_gaps_vs_budget(rows: list[dict], ax, steps: Sequence[int], labels: dict, margin: Optional[float] = None):
+    """The declared paired gaps (a − b, test loss) against the step budget: per comparison
+    (``labels``: {(a, b): name}, one colour each) the mean with its 95 % interval, each
+    seed's difference as a grey dot, the mean filled where the declared verdict is a
+    difference and hollow otherwise; the equivalence band ±``margin`` shaded."""
+    from ..book.figures import COLORS
+
+    stored = sorted({r["steps"] for r in rows if r["verdict"] != "not yet run"})
+    keys = list(labels)
+    for i, (key, color) in enumerate(zip(keys, COLORS)):
+        mine = [r for r in rows if (r["a"], r["b"]) == key and r["verdict"] != "not yet run"]
+        shift = 2 ** (0.09 * (i - (len(keys) - 1) / 2))
+        for j, r in enumerate(sorted(mine, key=lambda r: r["steps"])):
+            x = r["steps"] * shift
+            ax.scatter([x] * len(r["diffs"]), r["diffs"], s=5, color="0.65", lw=0, zorder=2)
+            ax.plot([x, x], r["ci"], color=color, lw=2.2, zorder=3, solid_capstyle="butt")
+            filled = r["verdict"] in ("a lower", "b lower")
+            ax.scatter([x], [r["mean_diff"]], s=28, zorder=4, color=color if filled else "white", edgecolors=color,
+                       linewidths=1.4, label=labels[key] if j == 0 else None)
+    if margin:
+        ax.axhspan(-margin, margin, color="0.85", alpha=0.6, lw=0, zorder=1)
+    ax.axhline(0, color="0.2", lw=0.8)
+    _budget_axis(ax, steps, stored)
+    ax.set_ylabel("SwiGLU − control (nats/char)")
+    ax.figure.legend(ncol=1, loc="outside lower center", handletextpad=0.2)

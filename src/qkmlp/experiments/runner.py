@@ -51,16 +51,26 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from .. import __version__
-from ..bench import _git_commit
 from .stats import mean_sd, paired_comparison
 from .tasks import get_task
 
-__all__ = ["run_grid", "run_cell", "rerun", "save_results", "load_results", "summary", "compare",
+__all__ = ["RUN_CODE_VERSION", "run_grid", "run_cell", "rerun", "save_results", "load_results", "summary", "compare",
            "values_by_seed", "cell_key", "choose_lr", "tuned_lr", "strip_provenance", "late_gain"]
 
 _CELL_FIELDS = ("teacher", "family", "m_kv")
-# Fields that say where and how fast a run was computed, not what it computed.
-_PROVENANCE = ("wall_s", "rank", "host", "reused_from_budget")
+# Fields that say where, when, how fast and by which code a run was computed, not what it computed.
+_PROVENANCE = ("wall_s", "rank", "host", "reused_from_budget", "git_commit", "git_dirty", "code_version",
+               "task_version")
+
+#: The version of the code every run shares (the training loop, the layers, their
+#: initialisation). It and the task's own ``Task.version`` (its data and model) are part of
+#: the cache key (the folder of per-run records), so records trained by other numerics are
+#: never reused, and every record carries both. Bump this one when a change alters the
+#: numbers of runs of every task, a task's version when only that task's change (records from
+#: before versions existed count as 1); then regenerate ``tests/data/run_reference.json``
+#: (``python tests/run_reference.py``). ``tests/test_run_reference.py`` reruns tiny runs of
+#: every task and language-model family and fails when their numbers changed but no version did.
+RUN_CODE_VERSION = 2
 
 
 def cell_key(cell: dict) -> tuple:
@@ -74,6 +84,15 @@ def _cell(rec: dict) -> dict:
 
 # The code a process runs is the code it imported: record the commit and the state of the
 # checkout at import time (the checkout may move on while a long grid runs).
+def _git_commit() -> Optional[str]:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None
+    except Exception:
+        return None
+
+
 def _git_dirty() -> Optional[bool]:
     try:
         here = os.path.dirname(os.path.abspath(__file__))
@@ -147,7 +166,8 @@ def run_cell(task: str, cell: dict, seed: int, config: Optional[dict] = None, de
     start = time.perf_counter()
     rec = t.run(cell, seed, cfg, dev, progress)
     return {**cell, "seed": seed, "lr": cfg["lr"], **rec, "wall_s": time.perf_counter() - start,
-            "host": socket.gethostname()}
+            "host": socket.gethostname(), "git_commit": _IMPORT_COMMIT, "git_dirty": _IMPORT_DIRTY,
+            "code_version": RUN_CODE_VERSION, "task_version": t.version}
 
 
 def _next_lr(lr: float, factor: float) -> float:
@@ -175,7 +195,11 @@ def choose_lr(tune_runs: list[dict], cell: dict, lrs: list) -> dict:
 
 
 def _config_hash(task: str, cfg: dict) -> str:
-    blob = json.dumps({"task": task, "cfg": cfg}, sort_keys=True, default=str)
+    """The cache key of a run configuration: task, config, :data:`RUN_CODE_VERSION` and the
+    task's own version (left out while it is 1, so keys from before task versions stay)."""
+    version = get_task(task).version
+    blob = json.dumps({"task": task, "cfg": cfg, "code_version": RUN_CODE_VERSION,
+                       **({"task_version": version} if version != 1 else {})}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-__all__ = ["mean_sd", "sign_test", "t_interval", "t_test", "paired_comparison", "holm", "detectable_difference"]
+__all__ = ["mean_sd", "sign_test", "t_interval", "t_test", "wilcoxon_test", "tost", "paired_comparison", "holm",
+           "detectable_difference"]
 
 
 def _floats(values, name: str) -> list[float]:
@@ -90,6 +91,62 @@ def t_test(diffs: Sequence[float]) -> float:
     return float(min(1.0, 2 * student_t.sf(abs(t), df=len(d) - 1)))
 
 
+def wilcoxon_test(diffs: Sequence[float]) -> float:
+    """Exact two-sided Wilcoxon signed-rank p-value for a distribution symmetric about 0.
+
+    Zeros are dropped; tied absolute values share their mean rank. The null distribution
+    of W⁺ (the sum of the ranks of the positive differences) is enumerated over all 2ⁿ
+    sign patterns of the observed ranks, so ties are handled exactly (n ≤ 20). The
+    p-value is P(|W⁺ − E W⁺| ≥ |w⁺ − E W⁺|) under that distribution.
+    """
+    d = [x for x in _floats(diffs, "diffs") if x != 0.0]
+    n = len(d)
+    if n == 0:
+        return 1.0
+    if n > 20:
+        raise ValueError(f"the exact enumeration is for at most 20 non-zero differences, got {n}")
+    absd = sorted(range(n), key=lambda i: abs(d[i]))
+    ranks = [0.0] * n
+    i = 0
+    while i < n:                      # mean ranks over ties of |d|
+        j = i
+        while j + 1 < n and abs(d[absd[j + 1]]) == abs(d[absd[i]]):
+            j += 1
+        for k in range(i, j + 1):
+            ranks[absd[k]] = (i + j) / 2 + 1
+        i = j + 1
+    w = sum(r for r, x in zip(ranks, d) if x > 0)
+    centre = sum(ranks) / 2
+    dev = abs(w - centre) - 1e-9 * max(1.0, centre)   # >= up to float rounding of half-ranks
+    hits = 0
+    for mask in range(1 << n):
+        s = sum(r for k, r in enumerate(ranks) if mask >> k & 1)
+        hits += abs(s - centre) >= dev
+    return hits / (1 << n)
+
+
+def tost(diffs: Sequence[float], margin: float) -> float:
+    """TOST p-value for |mean(diffs)| < ``margin`` (two one-sided t-tests, the larger p).
+
+    Below α it shows the mean difference within ±margin at level α: equivalently, the
+    (1 − 2α) t-interval lies inside (−margin, margin).
+    """
+    from scipy.stats import t as student_t
+
+    d = _floats(diffs, "diffs")
+    if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin > 0):
+        raise ValueError(f"margin must be a positive finite number, got {margin!r}")
+    if len(d) < 2:
+        raise ValueError(f"TOST needs at least 2 paired differences, got {len(d)}")
+    mu, sd = mean_sd(d)
+    if sd == 0.0:
+        return 0.0 if abs(mu) < margin else 1.0
+    se, df = sd / math.sqrt(len(d)), len(d) - 1
+    p_lower = float(student_t.sf((mu + margin) / se, df))     # H0: mean <= -margin
+    p_upper = float(student_t.cdf((mu - margin) / se, df))    # H0: mean >= +margin
+    return max(p_lower, p_upper)
+
+
 def holm(pvalues: Sequence[float]) -> list[float]:
     """Holm-adjusted p-values, in the input order.
 
@@ -150,7 +207,8 @@ def paired_comparison(a: Sequence[float], b: Sequence[float], level: float = 0.9
 
     Returns ``n``, ``mean_diff`` (a − b), ``sd_diff``, ``ci`` (t-interval), ``wins``
     (seeds with a > b), ``losses``, ``sign_p`` and ``significant`` (the t-interval
-    excludes 0), ``t_p``, the two-sided paired t-test p-value (uncorrected), and ``diffs``.
+    excludes 0), ``t_p``, the two-sided paired t-test p-value (uncorrected),
+    ``wilcoxon_p`` (exact signed-rank, uncorrected), and ``diffs``.
     """
     a, b = _floats(a, "a"), _floats(b, "b")
     if len(a) != len(b):
@@ -167,6 +225,7 @@ def paired_comparison(a: Sequence[float], b: Sequence[float], level: float = 0.9
         "losses": sum(1 for x in diffs if x < 0),
         "sign_p": sign_test(diffs),
         "t_p": t_test(diffs),
+        "wilcoxon_p": wilcoxon_test(diffs),
         "diffs": diffs,
         "significant": bool(lo > 0 or hi < 0),
     }

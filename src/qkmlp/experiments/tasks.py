@@ -49,7 +49,9 @@ from .train import train
 
 __all__ = [
     "Task", "TASKS", "get_task", "digits_data", "modadd_data", "teacher_data", "parity_floor", "recall_data",
+    "recall_splits",
     "TinyTransformer", "TOY_FAMILIES", "SLOW_TOY_FAMILIES", "RANK2_FAMILIES", "LM_FAMILIES",
+    "COMPUTE_FAMILIES", "COMPUTE_BUDGETS",
 ]
 
 
@@ -73,13 +75,25 @@ def _accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
     return float((logits.argmax(-1) == y).float().mean())
 
 
+#: The seed of the test split of the tasks that split a fixed data set (digits, modular
+#: addition): one test set for every seed, tuning and evaluation alike, so no tuning run's
+#: validation split holds a test example.
+TEST_SPLIT_SEED = 20261201
+
+
 def _split3(n: int, fracs, seed: int):
-    """A random partition of range(n) into train / validation / test index tensors."""
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    """A partition of range(n) into train / validation / test index tensors.
+
+    The test indices are the same for every ``seed`` (drawn with :data:`TEST_SPLIT_SEED`);
+    ``seed`` splits the rest into training and validation.
+    """
     n_va, n_te = int(round(fracs[1] * n)), int(round(fracs[2] * n))
     if min(n_va, n_te, n - n_va - n_te) < 1:
         raise ValueError(f"fractions {fracs} leave an empty split of {n} examples")
-    return perm[n_va + n_te:], perm[:n_va], perm[n_va:n_va + n_te]
+    fixed = torch.randperm(n, generator=torch.Generator().manual_seed(TEST_SPLIT_SEED))
+    test, rest = fixed[:n_te], fixed[n_te:]
+    rest = rest[torch.randperm(len(rest), generator=torch.Generator().manual_seed(seed))]
+    return rest[n_va:], rest[:n_va], test
 
 
 def _fit_eval(model, ffn, data, ffn_inputs, cfg, seed, loss, progress):
@@ -157,6 +171,9 @@ class Task:
     description: str = ""
     # config keys the run reads beyond those its sizes set (the toy tasks' training options)
     options: tuple = ()
+    #: The version of what this task's runs compute (data, model), beside the runner's
+    #: RUN_CODE_VERSION; both are in the cache key. Bump it when the task's runs change.
+    version: int = 1
 
     @property
     def defaults(self) -> dict:
@@ -183,8 +200,9 @@ class Task:
 def digits_data(seed: int, fracs=(0.6, 0.2, 0.2), device="cpu", bias: bool = False):
     """scikit-learn's digits, pixels scaled to [0, 1] and centred on the training mean.
 
-    Returns x_train (N, 64), y_train (N,), x_val, y_val, x_test, y_test; the split (train,
-    validation, test fractions ``fracs``) depends on ``seed``. With ``bias=True`` a
+    Returns x_train (N, 64), y_train (N,), x_val, y_val, x_test, y_test (train,
+    validation, test fractions ``fracs``): the test split is the same for every seed,
+    ``seed`` splits the rest into training and validation. With ``bias=True`` a
     constant 1 is appended to every input (width 65): the layers have no biases, and this
     is how they get one.
     """
@@ -217,8 +235,9 @@ def _digits_run(cell, seed, cfg, device, progress=None):
 def modadd_data(p: int, fracs, seed: int, device="cpu"):
     """All p² pairs (a, b) as one-hot(a) ⊕ one-hot(b) (width 2p), label (a + b) mod p.
 
-    Returns x_train, y_train, x_val, y_val, x_test, y_test: a random partition of the
-    pairs (chosen by ``seed``) with fractions ``fracs`` = (train, validation, test).
+    Returns x_train, y_train, x_val, y_val, x_test, y_test: a partition of the pairs with
+    fractions ``fracs`` = (train, validation, test); the test pairs are the same for every
+    seed, ``seed`` splits the rest into training and validation.
     """
     if not (isinstance(p, int) and p >= 2):
         raise ValueError(f"p must be an integer >= 2, got {p!r}")
@@ -364,13 +383,20 @@ def _recall_cells(cfg):
     return [{"family": f, "m_kv": m} for m in cfg["sizes"] for f in cfg["families"]]
 
 
-def _recall_run(cell, seed, cfg, device, progress=None):
-    S, R, V, Fi, L, d = (cfg[k] for k in ("n_subjects", "n_relations", "n_values", "n_filler", "seq_len", "d"))
+def recall_splits(cfg: dict, seed: int):
+    """The fact table of ``seed`` (n_subjects, n_relations) and its (x_train, y_train, x_val,
+    y_val, x_test, y_test): every split drawn from the seed, each with its own generator."""
+    S, R, V, Fi, L = (cfg[k] for k in ("n_subjects", "n_relations", "n_values", "n_filler", "seq_len"))
     table = torch.randint(0, V, (S, R), generator=torch.Generator().manual_seed(seed))
     xtr, ytr = recall_data(S, R, V, Fi, L, cfg["n_train"], table, seed=10_000 + seed)
     xva, yva = recall_data(S, R, V, Fi, L, cfg["n_val"], table, seed=30_000 + seed)
     xte, yte = recall_data(S, R, V, Fi, L, cfg["n_test"], table, seed=20_000 + seed)
-    data = tuple(t.to(device) for t in (xtr, ytr, xva, yva, xte, yte))
+    return table, (xtr, ytr, xva, yva, xte, yte)
+
+
+def _recall_run(cell, seed, cfg, device, progress=None):
+    S, R, V, Fi, L, d = (cfg[k] for k in ("n_subjects", "n_relations", "n_values", "n_filler", "seq_len", "d"))
+    data = tuple(t.to(device) for t in recall_splits(cfg, seed)[1])
     torch.manual_seed(1000 + seed)
     ffn = make_layer(cell["family"], d, d, kv_budget(d, d, cell["m_kv"]))
     torch.manual_seed(3000 + seed)     # the rest of the model starts identical across families
@@ -402,6 +428,12 @@ RANK2_FAMILIES = ["gated2-silu", "symgated2-silu", "sym2-silu"]
 LM_FAMILIES = ["kv-relu", "kv-gelu", "kv-silu", "gated1-sigmoid", "gated1-identity", "gated1-gelu", "gated1-silu",
                "gated1-relu", "symgated1-silu", "sym1-silu", "gated2-silu"]
 _Q2 = ["kv-relu", "gated1-silu"]
+#: The families of the gap-against-compute grids (``lm --size compute_<steps>``): the key-value
+#: ReLU MLP, SwiGLU, and SwiGLU's two exchange-symmetric controls.
+COMPUTE_FAMILIES = ["kv-relu", "gated1-silu", "symgated1-silu", "sym1-silu"]
+#: Step budgets of those grids (16x apart) and the rate grid each is tuned on (a factor 2 apart,
+#: centred where the 600- and 6,000-step grids chose; extended past an edge by the runner).
+COMPUTE_BUDGETS = {1500: [4e-3, 8e-3, 1.6e-2], 6000: [2e-3, 4e-3, 8e-3], 24000: [1e-3, 2e-3, 4e-3]}
 
 _QUICK_PROTOCOL = dict(lrs=[3e-3, 1e-2], tune_seeds=[100], seeds=2, max_steps=30, eval_every=5, patience=3)
 
@@ -417,6 +449,7 @@ TASKS: dict[str, Task] = {
                "quick": dict(families=_Q2, m_kv=16, fracs=[0.6, 0.2, 0.2], **_QUICK_PROTOCOL)},
         cells=_family_cells, run=_digits_run, metric="test_acc", higher_is_better=True, options=_TOY_OPTIONS,
         description="digits classification, 64 pixels -> 10 logits, full-batch Adam",
+        version=2,    # 2: one fixed test split for every seed (1: the seed drew it)
     ),
     "digits_bias": Task(
         "digits_bias",
@@ -427,6 +460,7 @@ TASKS: dict[str, Task] = {
                              **_QUICK_PROTOCOL)},
         cells=_family_cells, run=_digits_run, metric="test_acc", higher_is_better=True, options=_TOY_OPTIONS,
         description="digits with a constant input coordinate (a bias), otherwise as digits",
+        version=2,    # 2: one fixed test split for every seed (1: the seed drew it)
     ),
     # At 20,000 steps 8 of 10 runs of the bilinear layer (and of its symmetric twin) hit the
     # budget; a probe of it at its chosen rate (seeds 0 and 100) stopped on a plateau at
@@ -441,6 +475,7 @@ TASKS: dict[str, Task] = {
                              weight_decay=0.1, **_QUICK_PROTOCOL)},
         cells=_family_cells, run=_modadd_run, metric="test_acc", higher_is_better=True, options=_TOY_OPTIONS,
         description="a + b mod p, one-hot inputs, pairs split 60/20/20, full-batch AdamW",
+        version=2,    # 2: one fixed test split for every seed (1: the seed drew it)
     ),
     # At 4,000 steps 50 of the 240 evaluation runs hit the budget (every run of three cells);
     # at 32,000, 3 of the 10 runs of the symmetrised student of the symmetrised teacher
@@ -558,7 +593,18 @@ TASKS: dict[str, Task] = {
                "replicate": dict(families=["gated1-silu", "symgated1-silu"], tune_seeds=[100],
                                  seeds=list(range(10, 20)),
                                  **{**_lm.SIZES["cpu"], "max_steps": 6000, "eval_every": 200, "patience": 5,
-                                    "lrs": [4e-3]})},
+                                    "lrs": [4e-3]}),
+               # The gap against compute: the cpu model at three step budgets 16x apart, each with
+               # its own warm-up + cosine schedule decaying to that budget and trained to it (the
+               # patience exceeds the 30 evaluations, so no run stops early; the best of the 30
+               # validation checkpoints is kept), rates tuned per family and per budget on tuning
+               # seeds 102 and 103, ten evaluation seeds 20-29; none of these seeds was used
+               # before. The tests that read these grids were declared first, in
+               # book/data/experiments/declared/lm-compute-*.json (chapter 8).
+               **{f"compute_{steps}": dict(families=COMPUTE_FAMILIES, tune_seeds=[102, 103], seeds=list(range(20, 30)),
+                                           **{**_lm.SIZES["cpu"], "max_steps": steps, "eval_every": steps // 30,
+                                              "patience": 1000, "lrs": lrs})
+                  for steps, lrs in COMPUTE_BUDGETS.items()}},
         cells=_family_cells, run=_lm.lm_run, metric="test_loss", higher_is_better=False,
         description="character-level language model on Shakespeare's plays (split by play); "
                     "only the feed-forward blocks change; metric: test nats per character",

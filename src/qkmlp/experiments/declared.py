@@ -1,0 +1,246 @@
+"""Tests declared before their runs, and the analysis each declaration fixes.
+
+A declaration is a JSON file under ``book/data/experiments/declared/`` (one per test),
+committed to git *before* the grid it reads was started: its hypothesis, the comparison
+(families a and b), the statistic, the tests, α, the multiplicity family and the
+equivalence margin. This module
+
+- checks the order from git (:func:`commit_order`): the commit that added the declaration
+  must be an ancestor of (or equal to) the commit of the code that trained every run it
+  reads (each run record carries ``git_commit``); a run from a checkout with uncommitted
+  changes, or without a commit, fails the check;
+- runs the declared analysis: per budget (:func:`budget_tests`: paired t-test with an
+  exact Wilcoxon companion, Holm across the declared family, TOST against the margin),
+  the trend in log₂ budget (:func:`trend_tests`: per-seed least-squares slopes), and the
+  compute multiplier (:func:`compute_multiplier`, an estimate with a seed-bootstrap
+  interval);
+- words each result by the declared rule (:func:`verdict`): a difference only under Holm,
+  "level" only under the TOST, "not resolved" otherwise.
+
+Results are dicts of the runner's format (:func:`qkmlp.experiments.runner.load_results`),
+passed as ``{step budget: results}``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+from typing import Mapping, Optional
+
+from .runner import values_by_seed
+from .stats import holm, mean_sd, t_interval, t_test, tost, wilcoxon_test
+
+__all__ = ["load_declarations", "declaration_commit", "commit_order", "budget_tests", "trend_tests",
+           "compute_multiplier", "verdict", "trend_verdict"]
+
+
+def load_declarations(folder, prefix: str = "") -> dict[str, dict]:
+    """{id: declaration} of the JSON files in ``folder`` whose names start with ``prefix``;
+    each declaration gets ``path`` (where it was read from)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no folder of declarations at {folder}")
+    out = {}
+    for p in sorted(folder.glob(f"{prefix}*.json")):
+        d = json.loads(p.read_text())
+        if d.get("id") != p.stem:
+            raise ValueError(f"{p}: the declaration's id {d.get('id')!r} must equal its file name {p.stem!r}")
+        out[d["id"]] = {**d, "path": str(p)}
+    if not out:
+        raise FileNotFoundError(f"no declarations {prefix}*.json in {folder}")
+    return out
+
+
+def _git(folder: Path, *args) -> Optional[subprocess.CompletedProcess]:
+    try:
+        return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def declaration_commit(path) -> Optional[dict]:
+    """The commit that added the file at ``path`` ({"commit", "date"}), or None without git
+    history (a source archive) or when the file is not committed."""
+    path = Path(path).resolve()
+    out = _git(path.parent, "log", "--diff-filter=A", "--format=%H %cI", "--", path.name)
+    if out is None or out.returncode != 0 or not out.stdout.strip():
+        return None
+    sha, date = out.stdout.strip().splitlines()[-1].split()
+    return {"commit": sha, "date": date}
+
+
+def commit_order(declaration: dict, runs: list[dict]) -> dict:
+    """Was ``declaration`` committed before the code that trained each of ``runs``?
+
+    Returns ``{"status", "declared_in", "declared_at", "runs", "after", "problems"}``:
+    status ``"declared before its runs"`` when the declaring commit is an ancestor of (or
+    equal to) every run's ``git_commit`` and no run came from a dirty checkout;
+    ``"NOT declared before its runs"`` otherwise (``problems`` says which runs and why);
+    ``"unknown: no git history"`` where git cannot answer (then nothing is claimed).
+    """
+    folder = Path(declaration["path"]).resolve().parent
+    dc = declaration_commit(declaration["path"])
+    base = {"declared_in": dc and dc["commit"], "declared_at": dc and dc["date"], "runs": len(runs)}
+    if dc is None:
+        return {**base, "status": "unknown: no git history", "after": None, "problems": []}
+    problems, checked = [], {}
+    for r in runs:
+        sha = r.get("git_commit")
+        name = f"{r.get('family')} seed {r.get('seed')} lr {r.get('lr')}"
+        if not sha or sha == "unknown":
+            problems.append(f"{name}: no commit recorded")
+            continue
+        if r.get("git_dirty"):
+            problems.append(f"{name}: trained from a checkout with uncommitted changes")
+        if sha not in checked:
+            out = _git(folder, "merge-base", "--is-ancestor", dc["commit"], sha)
+            checked[sha] = out is not None and out.returncode == 0
+        if not checked[sha]:
+            problems.append(f"{name}: its commit {sha[:10]} does not descend from the declaration's")
+    after = len(runs) - len({p.split(':')[0] for p in problems})
+    status = "declared before its runs" if not problems and runs else "NOT declared before its runs"
+    return {**base, "status": status, "after": after, "problems": problems}
+
+
+def _diffs(results: dict, a: dict, b: dict, metric: str) -> tuple[list[int], list[float]]:
+    va, vb = values_by_seed(results, metric, **a), values_by_seed(results, metric, **b)
+    seeds = sorted(set(va) & set(vb))
+    return seeds, [va[s] - vb[s] for s in seeds]
+
+
+def verdict(holm_p: float, tost_p: float, mean_diff: float, alpha: float) -> str:
+    """The declared rule: 'a lower' / 'b lower' under Holm, 'level within ±margin' under the
+    TOST, else 'not resolved'."""
+    if holm_p < alpha:
+        return "a lower" if mean_diff < 0 else "b lower"
+    if tost_p < alpha:
+        return "level within ±margin"
+    return "not resolved"
+
+
+def budget_tests(declarations: Mapping[str, dict], results_by_steps: Mapping[int, dict]) -> list[dict]:
+    """The per-budget tests of ``declarations`` (each with a ``comparison``) on every budget
+    present, Holm-corrected together over the declared family (each declaration times the
+    grids it names; a grid not stored yet enters as p = 1). One row per (test, budget):
+    ``id``, ``steps``, ``a``, ``b``, ``n``, ``mean_diff`` (a − b), ``ci`` (95 % t), ``t_p``,
+    ``wilcoxon_p``, ``holm_p`` (and ``holm_m``, the family's size), ``tost_p``, ``margin``,
+    ``verdict``, ``wilcoxon_agrees``
+    (both tests on the same side of α, uncorrected) and ``diffs``/``seeds``."""
+    rows = []
+    for key, d in declarations.items():
+        a, b = d["comparison"]["a"], d["comparison"]["b"]
+        for steps in sorted(results_by_steps):
+            seeds, diffs = _diffs(results_by_steps[steps], a, b, d["metric"])
+            mu, sd = mean_sd(diffs)
+            rows.append({"id": key, "steps": steps, "a": a["family"], "b": b["family"], "n": len(diffs),
+                         "mean_diff": mu, "sd_diff": sd, "ci": t_interval(diffs), "t_p": t_test(diffs),
+                         "wilcoxon_p": wilcoxon_test(diffs), "tost_p": tost(diffs, d["equivalence"]["margin"]),
+                         "margin": d["equivalence"]["margin"], "alpha": d["alpha"], "seeds": seeds, "diffs": diffs})
+    # Holm over the whole declared family (every declaration x every grid it names); a grid
+    # not stored yet counts as p = 1, which can only make the correction stricter
+    declared = sum(len(d.get("grids", ())) for d in declarations.values())
+    pad = max(0, declared - len(rows))
+    for r, p in zip(rows, holm([r["t_p"] for r in rows] + [1.0] * pad)[:len(rows)] if rows else []):
+        r["holm_p"] = p
+        r["holm_m"] = len(rows) + pad
+        r["verdict"] = verdict(p, r["tost_p"], r["mean_diff"], r["alpha"])
+        r["wilcoxon_agrees"] = (r["t_p"] < r["alpha"]) == (r["wilcoxon_p"] < r["alpha"])
+    return rows
+
+
+def _slope(xs: list[float], ys: list[float]) -> float:
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def trend_verdict(holm_p: float, tost_p: float, mean_slope: float, alpha: float) -> str:
+    """'gap grows' / 'gap shrinks' (the gap a − b moving away from or towards b's favour)
+    under Holm, 'flat within ±margin' under the TOST, else 'not resolved'."""
+    if holm_p < alpha:
+        return "a gains with compute" if mean_slope < 0 else "b gains with compute"
+    if tost_p < alpha:
+        return "flat within ±margin"
+    return "not resolved"
+
+
+def trend_tests(declaration: dict, results_by_steps: Mapping[int, dict]) -> list[dict]:
+    """The declared trend test: for each comparison and seed, the least-squares slope of
+    (a − b) against log₂(step budget); one-sample t-test and Wilcoxon of the slopes, Holm
+    over the comparisons, TOST against the margin. Needs at least two budgets. One row per
+    comparison: ``a``, ``b``, ``steps``, ``n``, ``mean_slope``, ``ci``, ``t_p``,
+    ``wilcoxon_p``, ``holm_p``, ``tost_p``, ``verdict``, ``slopes``."""
+    steps = sorted(results_by_steps)
+    if len(steps) < 2:
+        raise ValueError(f"a trend needs at least two budgets, got {steps}")
+    xs = [math.log2(s) for s in steps]
+    rows = []
+    for comp in declaration["comparisons"]:
+        a, b = comp["a"], comp["b"]
+        per = [dict(zip(*_diffs(results_by_steps[s], a, b, declaration["metric"]))) for s in steps]
+        seeds = sorted(set.intersection(*(set(p) for p in per)))
+        slopes = [_slope(xs, [p[sd] for p in per]) for sd in seeds]
+        mu, _ = mean_sd(slopes)
+        rows.append({"id": declaration["id"], "a": a["family"], "b": b["family"], "steps": steps, "n": len(slopes),
+                     "mean_slope": mu, "ci": t_interval(slopes), "t_p": t_test(slopes),
+                     "wilcoxon_p": wilcoxon_test(slopes), "tost_p": tost(slopes, declaration["equivalence"]["margin"]),
+                     "margin": declaration["equivalence"]["margin"], "alpha": declaration["alpha"],
+                     "seeds": seeds, "slopes": slopes})
+    for r, p in zip(rows, holm([r["t_p"] for r in rows])):
+        r["holm_p"] = p
+        r["verdict"] = trend_verdict(p, r["tost_p"], r["mean_slope"], r["alpha"])
+    return rows
+
+
+def _match_budget(curve_steps: list[float], curve_loss: list[float], target: float) -> float:
+    """The budget at which the loss curve, linear in log₂ steps between the stored budgets,
+    first falls to ``target``: 0.0 when it is there already at the smallest budget (below the
+    grid), inf when it never gets there (beyond the grid)."""
+    if curve_loss[0] < target:
+        return 0.0
+    if curve_loss[0] == target:
+        return float(curve_steps[0])
+    for (s0, l0), (s1, l1) in zip(zip(curve_steps, curve_loss), zip(curve_steps[1:], curve_loss[1:])):
+        if l1 <= target < l0:
+            x0, x1 = math.log2(s0), math.log2(s1)
+            return 2 ** (x0 + (l0 - target) / (l0 - l1) * (x1 - x0))
+    return math.inf
+
+
+def compute_multiplier(declaration: dict, results_by_steps: Mapping[int, dict], n_boot: int = 10000,
+                       seed: int = 0) -> list[dict]:
+    """The declared estimate: at each budget B but the largest, the budget B' where b's mean
+    test loss (interpolated linearly in log₂ steps) equals a's at B; multiplier B'/B.
+
+    One row per comparison and budget: ``multiplier`` (inf: b does not reach a's loss within
+    the grid; 0.0: b is there already at the smallest budget), ``ci`` (95 % percentile
+    interval over ``n_boot`` resamples of the seeds, shared across families and budgets;
+    an end at inf or 0.0 is outside the grid) and ``outside_grid``, the share of resamples
+    whose multiplier lies outside the grid.
+    """
+    import random
+
+    steps = sorted(results_by_steps)
+    metric = declaration["metric"]
+    rng = random.Random(seed)
+    vals = {}
+    for comp in declaration["comparisons"]:
+        for fam in (comp["a"], comp["b"]):
+            vals[fam["family"]] = [values_by_seed(results_by_steps[s], metric, **fam) for s in steps]
+    seeds = sorted(set.intersection(*(set(v) for per in vals.values() for v in per)))
+    boots = [[rng.choice(seeds) for _ in seeds] for _ in range(n_boot)]
+
+    def mult(a, b, i, sample):
+        la = sum(vals[a][i][s] for s in sample) / len(sample)
+        lb = [sum(vals[b][k][s] for s in sample) / len(sample) for k in range(len(steps))]
+        return _match_budget(steps, lb, la) / steps[i]
+
+    rows = []
+    for comp in declaration["comparisons"]:
+        a, b = comp["a"]["family"], comp["b"]["family"]
+        for i in range(len(steps) - 1):
+            bs = sorted(mult(a, b, i, s) for s in boots)
+            rows.append({"a": a, "b": b, "steps": steps[i], "multiplier": mult(a, b, i, seeds),
+                         "ci": (bs[int(0.025 * n_boot)], bs[int(0.975 * n_boot) - 1]),
+                         "outside_grid": sum(1 for x in bs if x in (0.0, math.inf)) / n_boot})
+    return rows

@@ -1,0 +1,324 @@
+"""Verdicts worded at the strength of their tests, and the cells of tables that fit a phone.
+
+Two kinds of comparison reach the experiments chapter:
+
+- **declared** ones (:mod:`.declared`): the test, α, the multiplicity family and the
+  equivalence margin were committed before the grid they read; :func:`budget_rows`
+  adds the budgets a declaration names but that are not stored yet, and
+  :func:`trend_status` / :func:`multiplier_status` say what the stored budgets allow;
+- **exploratory** ones (:func:`family_tests`): a family of paired comparisons chosen after
+  (some of) its runs, with an equivalence margin chosen now. They get the same
+  machinery — Holm over the family for the paired t-test and for its distribution-free
+  companions (Wilcoxon signed-rank, sign test), a TOST against the margin, the smallest
+  difference the first Holm step detects with power 0.8 — and the same rule, but the label
+  "exploratory" travels with them.
+
+The rule, for both: a difference only where the Holm-adjusted paired t-test p-value is
+below α; "level" only where the TOST shows the mean difference within ±margin at α;
+otherwise "not resolved", with the detectable difference beside it.
+
+Rows of :func:`family_tests` are :func:`qkmlp.experiments.report.gain` rows: ``diffs``
+oriented so that a positive difference means the first family (a) is better.
+"""
+from __future__ import annotations
+
+import re
+from typing import Mapping, Optional, Sequence, Union
+
+from .stats import detectable_difference, holm, tost
+
+__all__ = ["family_tests", "verdict", "signed", "interval", "gain_cell", "verdict_cell", "breakable", "family_table",
+           "declared_steps", "budget_rows", "budget_table", "budget_p_table", "trend_status", "multiplier_status",
+           "status_text", "NBSP", "MINUS"]
+
+NBSP = "\u00a0"
+MINUS = "\u2212"
+SHY = "\u00ad"
+#: Long words of the chapter's tables, with the places a phone may hyphenate them (soft
+#: hyphens): a table column is as narrow as its longest unbreakable word.
+_HYPHENS = {"symmetrised": "sym-met-rised", "symmetrized": "sym-met-rized", "symmetric": "sym-met-ric",
+            "comparison": "com-par-ison", "replication": "rep-li-ca-tion"}
+
+_STEPS = re.compile(r"_(\d+)\.json$")
+
+
+def verdict(holm_p: float, tost_p: float, mean_diff: float, alpha: float = 0.05) -> str:
+    """The rule for a row oriented as a gain (> 0: a is better): ``"a better"`` or
+    ``"b better"`` when the Holm-adjusted t-test p-value is below ``alpha``, ``"level"``
+    when the TOST p-value is, else ``"not resolved"``."""
+    if holm_p < alpha:
+        return "a better" if mean_diff > 0 else "b better"
+    if tost_p < alpha:
+        return "level"
+    return "not resolved"
+
+
+def family_tests(rows: list[dict], margin: Union[float, Mapping[str, float]], alpha: float = 0.05,
+                 power: float = 0.8, missing: int = 0) -> list[dict]:
+    """Test one family of :func:`~qkmlp.experiments.report.gain` rows, in place.
+
+    ``margin``: the equivalence margin in the rows' units (a number), or ``{task: margin}``
+    looked up by ``row["task"]``. ``missing``: members of the family whose grid is not
+    stored yet; each enters Holm's correction as p = 1, which can only make it stricter.
+
+    Adds to each row: ``p_holm`` (paired t-test, Holm over the family of
+    ``len(rows) + missing``), ``wilcoxon_holm``, ``sign_holm`` (the companions, Holm over
+    the same family), ``survives`` (``p_holm < alpha``), ``tost_p`` and ``margin``, ``mde``
+    (the difference the paired t-test at level alpha/m detects with probability
+    ``power``, from the row's own spread), ``family_size`` and ``verdict``
+    (:func:`verdict`). Returns ``rows``.
+    """
+    if not rows:
+        raise ValueError("a family of tests needs at least one comparison")
+    if not (isinstance(missing, int) and missing >= 0):
+        raise ValueError(f"missing must be a non-negative integer, got {missing!r}")
+    m = len(rows) + missing
+    for key, out in (("t_p", "p_holm"), ("wilcoxon_p", "wilcoxon_holm"), ("sign_p", "sign_holm")):
+        for r, p in zip(rows, holm([r[key] for r in rows] + [1.0] * missing)):
+            r[out] = p
+    for r in rows:
+        if isinstance(margin, Mapping):
+            if r.get("task") not in margin:
+                raise KeyError(f"no equivalence margin for task {r.get('task')!r}; expected one of {sorted(margin)}")
+            mg = margin[r["task"]]
+        else:
+            mg = margin
+        r["margin"] = mg
+        r["tost_p"] = tost(r["diffs"], mg)
+        r["survives"] = r["p_holm"] < alpha
+        r["mde"] = detectable_difference(r["sd_diff"], r["n"], alpha=alpha / m, power=power)
+        r["family_size"] = m
+        r["verdict"] = verdict(r["p_holm"], r["tost_p"], r["mean_diff"], alpha)
+    return rows
+
+
+# --- cells of narrow tables -----------------------------------------------------------------
+
+def signed(x: float, digits: int, scale: float = 1.0) -> str:
+    """``x * scale`` with its sign (a true minus sign), ``digits`` decimals: "+0.005", "−0.012"."""
+    v = round(x * scale, digits)
+    if v == 0:
+        v = 0.0                                  # no "−0.000"
+    s = f"{v:+.{digits}f}"
+    return s.replace("-", MINUS)
+
+
+def interval(ci: Sequence[float], digits: int, scale: float = 1.0) -> str:
+    """A confidence interval on one line: "[−0.012, +0.022]" (no break inside)."""
+    lo, hi = ci
+    return f"[{signed(lo, digits, scale)},{NBSP}{signed(hi, digits, scale)}]"
+
+
+def gain_cell(row: dict, digits: int, scale: float = 1.0, mde_digits: Optional[int] = None) -> str:
+    """The mean difference and its interval: "+0.005 [−0.012, +0.022]" (a break only
+    between the two); with ``mde_digits``, an unresolved row adds the difference the test
+    could have detected: "… (detectable 0.035)"."""
+    out = f"{signed(row['mean_diff'], digits, scale)} {interval(row['ci'], digits, scale)}"
+    if mde_digits is not None and row.get("verdict") == "not resolved":
+        out += f" (detectable {row['mde'] * scale:.{mde_digits}f})"
+    return out
+
+
+def breakable(text: str) -> str:
+    """``text`` with soft hyphens in the long words of ``_HYPHENS`` (invisible unless a
+    narrow column breaks the word there)."""
+    for word, parts in _HYPHENS.items():
+        for w, p in ((word, parts), (word.capitalize(), parts.capitalize())):
+            text = text.replace(w, p.replace("-", SHY))
+    return text
+
+
+def verdict_cell(row: dict, a: str, b: str, digits: int = 3, scale: float = 1.0) -> str:
+    """The verdict in words for a table: "{a} better", "{b} better", "level (±margin)" or
+    "not resolved" (its detectable difference goes beside the gain, :func:`gain_cell`)."""
+    v = row["verdict"]
+    if v == "a better":
+        return f"{a} better"
+    if v == "b better":
+        return f"{b} better"
+    if v == "level":
+        return f"level (±{row['margin'] * scale:.{digits}g})"
+    return "not resolved"
+
+
+def family_table(rows: list[dict], labels: Sequence[str], a: str = "gated", b: str = "control", digits: int = 2,
+                 scale: float = 1.0, mde_digits: int = 1) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of a three-column table for :func:`qkmlp.book.figures.table`: the
+    verdict first, then the comparison (``labels``, one per row), then the gain and its
+    interval on one line (and, where unresolved, the detectable difference). A level row
+    names its margin."""
+    if len(labels) != len(rows):
+        raise ValueError(f"got {len(labels)} labels for {len(rows)} rows")
+    body = [[verdict_cell(r, a, b, 3, scale), breakable(lab), gain_cell(r, digits, scale, mde_digits)]
+            for r, lab in zip(rows, labels)]
+    return ["verdict", "case", "gain (95 % interval)"], body
+
+
+# --- declared grids: what the stored budgets allow ------------------------------------------------
+
+def declared_steps(declaration: dict) -> list[int]:
+    """The step budgets of the grids a declaration names (``lm_compute_1500.json`` → 1500)."""
+    out = []
+    for g in declaration.get("grids", ()):
+        m = _STEPS.search(g)
+        if not m:
+            raise ValueError(f"cannot read a step budget from the grid name {g!r}; expected '..._<steps>.json'")
+        out.append(int(m.group(1)))
+    return sorted(out)
+
+
+def budget_rows(declarations: Mapping[str, dict], results_by_steps: Mapping[int, dict]) -> list[dict]:
+    """:func:`.declared.budget_tests` on the stored budgets, plus one row
+    ``{"id", "steps", "a", "b", "verdict": "not yet run"}`` for each budget a declaration
+    names that is not stored; ordered by declaration, then budget."""
+    from .declared import budget_tests
+
+    tested = budget_tests(declarations, results_by_steps) if results_by_steps else []
+    by = {(r["id"], r["steps"]): r for r in tested}
+    rows = []
+    for key, d in declarations.items():
+        for steps in declared_steps(d):
+            rows.append(by.get((key, steps)) or {"id": key, "steps": steps, "a": d["comparison"]["a"]["family"],
+                                                 "b": d["comparison"]["b"]["family"], "verdict": "not yet run"})
+    return rows
+
+
+def budget_table(rows: list[dict], labels: Mapping[str, str], a: str = "SwiGLU",
+                 digits: int = 3) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the declared per-budget tests (:func:`budget_rows`), verdict first:
+    ``labels`` names each ``b`` family. A budget not stored yet says so; beside an unresolved
+    gap, the difference the first Holm step would detect with power 0.8. A budget
+    not stored yet gets one row for all its comparisons, at the end."""
+    body, missing = [], []
+    for r in rows:
+        what = breakable(f"{labels[r['b']]}, {_steps(r['steps'])} steps")
+        v = r["verdict"]
+        if v == "not yet run":
+            if r["steps"] not in missing:
+                missing.append(r["steps"])
+            continue
+        if v == "a lower":
+            words = f"{a} lower"
+        elif v == "b lower":
+            words = f"{labels[r['b']]} lower"
+        elif v == "level within ±margin":
+            words = f"level (±{r['margin']:g})"
+        else:
+            words = "not resolved"
+        cell = gain_cell(r, digits)
+        if v == "not resolved":
+            mde = detectable_difference(r["sd_diff"], r["n"], alpha=r["alpha"] / r["holm_m"])
+            cell += f" (detectable {mde:.{digits}f})"
+        body.append([words, what, cell])
+    body += [["not yet run", f"every test, {_steps(s)} steps", "–"] for s in sorted(missing)]
+    return ["verdict", f"{a} against", f"{a} − control (95 % interval)"], body
+
+
+def budget_p_table(rows: list[dict], labels: Mapping[str, str]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of the p-values behind :func:`budget_table`, for the stored budgets:
+    the paired t-test after Holm, the Wilcoxon companion (uncorrected) and the TOST."""
+    body = [[breakable(f"{labels[r['b']]}, {_steps(r['steps'])}"), f"{r['holm_p']:.3f}", f"{r['wilcoxon_p']:.3f}",
+             f"{r['tost_p']:.3f}"] for r in rows if r["verdict"] != "not yet run"]
+    return ["against, steps", "t, Holm", "Wilcoxon", "TOST"], body
+
+
+def _steps(n: int) -> str:
+    """1500 -> "1 500" with a thin no-break space (the chapter's digit grouping)."""
+    return f"{n:,}".replace(",", "\u202f")
+
+
+def trend_status(declaration: dict, results_by_steps: Mapping[int, dict]) -> dict:
+    """What the declared trend test can say with the budgets stored.
+
+    ``{"status", "stored", "declared", "rows"}``: status ``"not yet run"`` with fewer than
+    two budgets (``rows`` empty); ``"a difference of two budgets"`` with two (the slopes
+    are then differences between two budgets, not a trend over the range; ``rows`` from
+    :func:`.declared.trend_tests`); ``"trend"`` with three or more.
+    """
+    from .declared import trend_tests
+
+    stored, declared = sorted(results_by_steps), declared_steps(declaration)
+    base = {"stored": stored, "declared": declared}
+    if len(stored) < 2:
+        return {**base, "status": "not yet run", "rows": []}
+    rows = trend_tests(declaration, results_by_steps)
+    return {**base, "status": "a difference of two budgets" if len(stored) == 2 else "trend", "rows": rows}
+
+
+def multiplier_status(declaration: dict, results_by_steps: Mapping[int, dict], budget: list[dict],
+                      n_boot: int = 10000, seed: int = 0) -> list[dict]:
+    """The declared compute multiplier where the data allow it, else why not.
+
+    One row per comparison and budget but the largest declared: ``status`` ``"not yet run"``
+    (fewer than two budgets stored, or this budget or a larger one missing), ``"not
+    resolved"`` (the per-budget declared test at this budget, in ``budget``, did not show
+    a lower than b: the declaration reports the multiplier only there) or ``"estimated"``
+    (with ``multiplier``, ``ci``, ``outside_grid`` from
+    :func:`.declared.compute_multiplier` on the stored budgets).
+    """
+    from .declared import compute_multiplier
+
+    declared = declared_steps(declaration)
+    stored = sorted(results_by_steps)
+    verdicts = {(r["a"], r["b"], r["steps"]): r["verdict"] for r in budget}
+    est = {}
+    if len(stored) >= 2:
+        est = {(r["a"], r["b"], r["steps"]): r
+               for r in compute_multiplier(declaration, results_by_steps, n_boot=n_boot, seed=seed)}
+    rows = []
+    for comp in declaration["comparisons"]:
+        a, b = comp["a"]["family"], comp["b"]["family"]
+        for steps in declared[:-1]:
+            row = {"a": a, "b": b, "steps": steps}
+            if (a, b, steps) not in est:
+                row["status"] = "not yet run"
+            elif verdicts.get((a, b, steps)) != "a lower":
+                row["status"] = "not resolved"
+            else:
+                row.update(est[a, b, steps], status="estimated")
+            rows.append(row)
+    return rows
+
+
+def _and(items: Sequence[str]) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def status_text(budget: list[dict], trend: dict, multiplier: list[dict], labels: Mapping[str, str],
+                a: str = "SwiGLU") -> str:
+    """What the stored budgets allow, in words (Markdown without math): which budgets are
+    stored and which not yet, what the declared trend test can say (nothing with one budget,
+    a difference with two) and where the compute multiplier is estimated, not resolved or
+    not yet run. Made from :func:`budget_rows`, :func:`trend_status` and
+    :func:`multiplier_status`, so it changes with the stored files."""
+    stored = sorted({r["steps"] for r in budget if r["verdict"] != "not yet run"})
+    missing = sorted({r["steps"] for r in budget if r["verdict"] == "not yet run"})
+    out = [f"**Stored:** {_and([_steps(s) for s in stored]) if stored else 'none'} steps."]
+    if missing:
+        out.append(f"**Not yet run:** {_and([_steps(s) for s in missing])} steps.")
+    if trend["status"] == "not yet run":
+        out.append("**Trend:** not yet run; the declared trend test needs at least two budgets.")
+    else:
+        words = []
+        say = {"a gains with compute": f"{a} gains with compute", "b gains with compute": "the control gains "
+               "with compute", "not resolved": "not resolved"}
+        for r in trend["rows"]:
+            v = say.get(r["verdict"], f"flat within ±{r['margin']:g}")
+            words.append(f"against the {labels[r['b']]}, {v} ({signed(r['mean_slope'], 4)} nats per "
+                         f"character per doubling, 95 % interval {interval(r['ci'], 4)})")
+        head = ("**Trend (two budgets only, so each slope is the difference between them per doubling, not a "
+                "trend over the range):** " if trend["status"] == "a difference of two budgets" else "**Trend:** ")
+        out.append(head + "; ".join(words) + ".")
+    est = [r for r in multiplier if r["status"] == "estimated"]
+    unresolved = [r for r in multiplier if r["status"] == "not resolved"]
+    if est:
+        out.append("**Compute multiplier:** " + "; ".join(
+            f"the {labels[r['b']]} needs {r['multiplier']:.2g} times the steps to match {a} at "
+            f"{_steps(r['steps'])} (95 % interval {r['ci'][0]:.2g} to {r['ci'][1]:.2g})" for r in est) + ".")
+    if unresolved:
+        out.append(f"**Compute multiplier, not resolved** (the declared test shows no lead for {a} there): "
+                   + _and([f"against the {labels[r['b']]} at {_steps(r['steps'])}" for r in unresolved]) + ".")
+    if not est and not unresolved:
+        out.append("**Compute multiplier:** not yet run; it needs a larger budget than the one it starts from.")
+    return " ".join(out)
