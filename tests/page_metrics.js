@@ -26,7 +26,15 @@
     const h = s && s.querySelector("h1, h2, h3, h4");
     return h ? short(h.textContent.replace(/#$/, ""), 40) : "";
   };
+  // Inside a closed <details> (a hide-input cell, a dropdown) an element is laid out, with a
+  // height, but not drawn (Chromium 131+ hides the content with content-visibility): only
+  // the summary line shows.
+  const folded = el => {
+    const d = el.closest("details:not([open])");
+    return !!d && !(el.closest("summary") && d.contains(el.closest("summary")));
+  };
   const drawn = el => {
+    if (folded(el)) return false;
     const r = el.getBoundingClientRect(), s = getComputedStyle(el);
     return r.height > 0 && r.width > 0 && s.visibility !== "hidden" && s.display !== "none";
   };
@@ -67,6 +75,7 @@
   const column = article.getBoundingClientRect();
   for (const table of article.querySelectorAll("table")) {
     if (table.closest("mjx-container, .highlighttable, .cell_input") || table.classList.contains("highlighttable")) continue;
+    if (folded(table)) continue;      // a table in a closed dropdown is met only when opened
     const headRow = table.querySelector("thead tr") || table.querySelector("tr");
     if (!headRow) continue;
     const heads = [...headRow.children].filter(c => c.tagName === "TH" || c.tagName === "TD");

@@ -929,6 +929,7 @@ def _defect_page(html: Path, page: str) -> str:
  class="pre" style="white-space:pre-wrap;overflow-wrap:anywhere">StaticQueryMLP</span></code></td></tr></tbody></table>
 <p id="qk-parted" style="width:90px;overflow-wrap:break-word">so <span class="math notranslate nohighlight">\\(q + k + v + w + z\\)</span>, then</p>
 <div class="cell"><div class="cell_input"><pre id="qk-tall-code" style="height:3000px">planted_cell = 1</pre></div></div>
+<div class="cell tag_hide-input"><details class="hide above-input"><summary>Show code cell source</summary><div class="cell_input"><pre style="height:2000px">folded_cell = 1</pre></div></details></div>
 <div style="overflow-x:auto"><table id="qk-wide-verdict"><thead><tr><th>comparison</th><th>gain</th>
  <th>95 % interval</th><th>Holm p</th><th>verdict</th></tr></thead><tbody><tr><td>SwiGLU vs ReLU</td>
  <td style="min-width:500px">0.015</td><td>[0.011, 0.019]</td><td>0.002</td><td>gated better</td></tr></tbody></table></div>
@@ -995,6 +996,10 @@ def test_checks_catch_known_defects(book_build, browser, tmp_path):
         wide = [x for x in m["tables"] if x["verdict"] and x["where"].startswith("comparison | gain")]
         assert wide and wide[0]["scrolls"] and wide[0]["verdict_hidden"], (view, m["tables"])
         assert any("planted_cell" in c for c in m["code"]["largest"]) and m["code"]["px"] >= 3000, (view, m["code"])
+        # a hide-input cell is a closed <details>: Chromium lays out its content (heights > 0)
+        # without drawing it, so it must count as folded, not as 2,000 px of code
+        assert m["code"]["cells_folded"] >= 1 and not any("folded_cell" in c for c in m["code"]["largest"]), \
+            (view, m["code"])
     caught("1280", "wide_math", "a_{1} + a_{2}", "b_{1} + b_{2}")
     caught("1280", "search_boxes", "2 search boxes")
     caught("390", "page_width", "#qk-wide-block")
