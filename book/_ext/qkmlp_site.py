@@ -1,4 +1,4 @@
-"""Sphinx helpers for this book's website (loaded from _config.yml, `local_extensions`).
+r"""Sphinx helpers for this book's website (loaded from _config.yml, `local_extensions`).
 
 1. API page: resolve short and re-exported names of ``qkmlp``. Docstrings say
    :class:`KeyValueMLP` or :func:`measure_symmetry`, and type hints name objects by the
@@ -421,7 +421,7 @@ def _archive_uri(docname: str) -> str:
 
 
 def _source_archive_role(name, rawtext, text, lineno, inliner, options=None, content=None):
-    """``{source-archive}`\`the source\``` : a link to the archive, its size after it."""
+    r"""``{source-archive}`\`the source\``` : a link to the archive, its size after it."""
     from docutils import nodes as dn
 
     env = inliner.document.settings.env
