@@ -8,6 +8,7 @@ projection zeroed) or against the formula written out, never against qkmlp's own
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from importlib import metadata
@@ -423,12 +424,17 @@ def test_q4_noise_stays_within_half_a_step():
 
 # --- the runner and its report -------------------------------------------------------------
 
+TINY_TEXTS = {"docs": "".join(chr(97 + (i * 7) % 26) + (" " if i % 5 == 4 else "") for i in range(900)),
+              "other": "the quick brown fox jumps over the lazy dog. " * 30}
+
+
 @pytest.fixture(scope="module")
 def tiny_run():
+    torch.set_num_threads(1)
     model = tiny_llama(dtype=torch.float32)
-    res = run(model=model, tokenizer=ByteTokenizer(), n_windows=3, length=40, batch_size=2,
+    res = run(model=model, tokenizer=ByteTokenizer(), texts=TINY_TEXTS, n_windows=3, length=40, batch_size=2,
               alphas_all=(-1.0, 1.0, 2.0), alphas_layer=(2.0,), prompts=("ab",), max_new_tokens=3,
-              progress=False)
+              unit_layers=[1], progress=False)
     return model, res
 
 
@@ -436,18 +442,28 @@ def test_runner_stores_every_measurement(tiny_run, tmp_path):
     model, res = tiny_run
     assert res["generation"][0]["same_ids"] and res["logits"]["float64"]["argmax_agree"]
     assert res["logits"]["float64"]["max_abs_diff"] < 1e-9
-    L = res["losses"]
-    assert len(L["base"]) == 3 and len(L["hf"]) == 3
-    assert set(L["layer"]) == {"none", "swap", "rescale:2", "identity", "linear", "symmetrized", "symmetric"}
-    assert all(len(v) == 3 and all(len(w) == 3 for w in v) for v in L["layer"].values())
-    assert {"rescale:-1", "rescale:1", "rescale:2", "q4_noise", "none"} <= set(L["all"])
+    assert res["config"]["main_text"] == "docs" and not res["config"]["bos"]   # the byte tokenizer has no BOS
+    main, other = res["texts"]["docs"], res["texts"]["other"]
+    assert main["text"]["sha256"] == hashlib.sha256(TINY_TEXTS["docs"].encode()).hexdigest()
+    assert main["text"]["role"] == "custom" and len(main["base"]) == 3 and len(main["hf"]) == 3
+    assert set(main["layer"]) == {"none", "swap", "toward_swap:0.25", "symmetrized", "symmetric", "rescale:2"}
+    assert set(other["layer"]) == {"none", "swap", "rescale:-1", "rescale:2"}     # the smaller plan
+    assert {"identity", "linear", "toward_swap:0.25", "rescale:-1"} <= set(main["local_change"][2])
+    assert all(len(v) == 3 and all(len(w) == 3 for w in v) for v in main["layer"].values())
+    assert {"rescale:-1", "rescale:1", "rescale:2", "q4_noise", "none"} <= set(main["all"])
+    assert "q4_noise" not in other["all"]
     assert all_changes(res, "rescale", 1.0) == (0.0, 0.0)            # α = 1 is the base itself
-    assert len(res["anatomy"]) == 3 and len(res["inputs"]) == 3 and len(res["local_change"]) == 3
+    assert len(res["weights"]) == 3 and len(main["inputs"]) == 3 and len(main["local_change"]) == 3
+    assert {"all", "rest"} == set(main["local_change"][0]["swap"])
     assert res["quantisation"]["max_distinct_per_block"] > 16       # a random model is not 4-bit
+    assert "mean_step_over_rms" not in res["quantisation"]
+    u = main["units"]["layers"]["1"]
+    assert len(u["predicted"]) == 64 and len(u["groups"]) == 10 and set(u["sets"]) == {"closest", "random", "farthest"}
+    assert other["units"]["layers"]["1"]["groups"] == []
     path = tmp_path / "r.json"
     save_results(res, path)
     back = load_results(path)
-    assert back["losses"]["layer"]["swap"][1] == pytest.approx(L["layer"]["swap"][1], rel=1e-6)
+    assert back["texts"]["docs"]["layer"]["swap"][1] == pytest.approx(main["layer"]["swap"][1], rel=1e-6)
     json.dumps(back)
 
 
@@ -455,10 +471,32 @@ def test_runner_losses_match_a_plain_recomputation(tiny_run):
     """The runner's per-layer numbers (tail forwards) equal full forward passes."""
     model, res = tiny_run
     tok = ByteTokenizer()
-    for layer, kind, alpha in [(0, "swap", None), (2, "rescale", 2.0), (1, "none", None)]:
-        out = rerun_slice(model, tok, res, layer, kind, alpha, window=1)
-        for stored, live in out.values():
-            assert stored == pytest.approx(live, rel=1e-5, abs=1e-6)
+    for text in ("docs", "other"):
+        w = heldout_windows(tok, 3, 40, TINY_TEXTS[text])
+        for layer, kind, alpha in [(0, "swap", None), (2, "rescale", 2.0), (1, "none", None)]:
+            out = rerun_slice(model, tok, res, layer, kind, alpha, window=1, windows=w, text=text)
+            for stored, live in out.values():
+                assert stored == pytest.approx(live, rel=1e-5, abs=1e-6)
+
+
+def test_unit_groups_are_exact_passes_of_the_swapped_units(tiny_run):
+    """A stored group loss equals a full forward pass with those units exchanged, and the
+    groups are the units ordered by their stored first-order cost."""
+    from qkmlp.pretrained import partially_swapped
+
+    model, res = tiny_run
+    u = res["texts"]["docs"]["units"]["layers"]["1"]
+    pred = torch.tensor(u["predicted"])
+    first = pred.argsort()[:7]                     # 64 units in 10 groups: 7 in the first four, then 6
+    assert [grp["n_units"] for grp in u["groups"]] == [7] * 4 + [6] * 6
+    g = gated_mlps(model)
+    w = heldout_windows(ByteTokenizer(), 3, 40, TINY_TEXTS["docs"])
+    with mlps_replaced(model, dict(enumerate(g))):
+        with mlps_replaced(model, {1: partially_swapped(g[1], first)}):
+            live = window_losses(model, w)
+    assert u["groups"][0]["losses"] == pytest.approx(live.tolist(), rel=1e-5)
+    per_unit = [grp["predicted"] / grp["n_units"] for grp in u["groups"]]
+    assert per_unit == sorted(per_unit)
 
 
 def test_every_figure_draws_from_a_results_file(tiny_run):
@@ -489,7 +527,8 @@ def test_report_means_and_standard_errors():
     assert loss_change(base, other) == pytest.approx((m, se))
     with pytest.raises(ValueError):
         loss_change([1.0], [1.0, 2.0])
-    res = {"losses": {"base": base, "layer": {"swap": [None, other]}, "all": {"rescale:2": other}}}
+    res = {"config": {"main_text": "t"},
+           "texts": {"t": {"base": base, "layer": {"swap": [None, other]}, "all": {"rescale:2": other}}}}
     assert layer_changes(res, "swap")[0] is None and layer_changes(res, "swap")[1] == pytest.approx((m, se))
     assert all_changes(res, "rescale", 2) == pytest.approx((m, se))
 
@@ -516,9 +555,9 @@ def test_holm_step_down():
 
 def test_compare_layers_marks_what_survives_holm():
     base = [1.0, 1.0, 1.0, 1.0]
-    res = {"losses": {"layer": {
+    res = {"config": {"main_text": "t"}, "texts": {"t": {"layer": {
         "a": [base, base, base],
-        "b": [[1.5, 1.6, 1.55, 1.45], [1.0, 1.1, 0.9, 1.05], [1.01, 1.02, 1.0, 1.01]]}}}
+        "b": [[1.5, 1.6, 1.55, 1.45], [1.0, 1.1, 0.9, 1.05], [1.01, 1.02, 1.0, 1.01]]}}}}
     rows = compare_layers(res, "a", "b")
     assert [r["layer"] for r in rows] == [0, 1, 2]
     assert rows[0]["significant"] and not rows[1]["significant"]
