@@ -4,7 +4,8 @@ SmolLM2-135M by default; ``--model PATH`` points it at any local checkpoint with
 MLPs (a folder in Hugging Face's format or a ``.gguf`` file). The chapter's stored file
 (about two hours on two busy CPU cores)::
 
-    nice -n 5 python -m qkmlp.pretrained --jobs 2 --out book/data/pretrained/smollm2.json
+    nice -n 5 python -m qkmlp.pretrained --jobs 2 --cache ~/.cache/qkmlp/pretrained_jobs \\
+        --out book/data/pretrained/smollm2.json
 
 A quick look at another model (one text, four windows, no per-unit analysis)::
 
@@ -55,6 +56,8 @@ def main(argv=None) -> int:
     p.add_argument("--alphas-all", default=",".join(f"{a:g}" for a in ALPHAS_ALL))
     p.add_argument("--alphas-layer", default=",".join(f"{a:g}" for a in ALPHAS_LAYER))
     p.add_argument("--toward-swap", default=",".join(f"{a:g}" for a in TOWARD_SWAP))
+    p.add_argument("--cache", default=None, metavar="DIR",
+                   help="keep each finished job here; a rerun (same code, model and settings) reuses them")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if not 1 <= args.threads <= 2:
@@ -80,7 +83,7 @@ def main(argv=None) -> int:
                  length=args.length, batch_size=args.batch_size, bos=False if args.no_bos else None,
                  alphas_all=_floats(args.alphas_all), alphas_layer=_floats(args.alphas_layer),
                  toward_swap=_floats(args.toward_swap), layers=layers, unit_layers=unit_layers,
-                 jobs=args.jobs, progress=not args.no_progress, command=command)
+                 jobs=args.jobs, cache=args.cache, progress=not args.no_progress, command=command)
     save_results(result, Path(args.out))
     print(f"wrote {args.out} ({result['meta']['wall_s'] / 60:.1f} min)")
     return 0
