@@ -501,22 +501,50 @@ def test_unit_groups_are_exact_passes_of_the_swapped_units(tiny_run):
 
 def test_every_figure_draws_from_a_results_file(tiny_run):
     from qkmlp.book import figures
-    from qkmlp.pretrained import plots
+    from qkmlp.pretrained import plots, plots_costs
 
     _, res = tiny_run
-    calls = [(plots.plot_alignment_spread, {}), (plots.plot_cos_histogram, {}), (plots.plot_balance, {}),
+    calls = [(plots.plot_alignment_spread, {}), (plots.plot_cos_histogram, {}), (plots.plot_mean_rows, {}),
+             (plots.plot_rows_against_mean, {}), (plots.plot_balance_fixed, {}),
              (plots.plot_gate_inputs, {}), (plots.plot_silu_range, {"layers": (0, 2)}),
-             (plots.plot_outliers, {}), (plots.plot_projection_shift, {}),
-             (plots.plot_layer_losses, {"kinds": ["none", "swap", "rescale:2"], "log": False}),
-             (plots.plot_local_change, {}), (plots.plot_alpha, {})]
+             (plots.plot_offsets, {}), (plots.plot_residual_outliers, {}), (plots.plot_outlier_bins, {}),
+             (plots.plot_outlier_bins, {"by": "cos", "text": "other"}),
+             (plots_costs.plot_layer_costs, {"keys": ["none", "swap", "rescale:2"], "log": False}),
+             (plots_costs.plot_cost_vs_size, {"keys": ["swap", "symmetrized", "rescale:2"]}),
+             (plots_costs.plot_alpha, {}), (plots_costs.plot_alpha, {"text": "other"}),
+             (plots_costs.plot_texts, {"k": "swap", "versus": "none"}),
+             (plots_costs.plot_unit_costs, {"layer": 1, "distance": [0.5] * 64}),
+             (plots_costs.plot_unit_groups, {"layer": 1})]
     for fn, kw in calls:
         fig, ax = figures.panel()
         assert fn(res, ax, **kw) is ax
         assert ax.lines or ax.collections, fn.__name__
         assert "<svg" in figures.to_svg(fig)
-    negative = {"losses": {"base": [1.0, 1.0], "layer": {"swap": [[0.9, 0.95]]}}}
+    negative = {"config": {"main_text": "t"}, "texts": {"t": {"base": [1.0, 1.0], "layer": {"swap": [[0.9, 0.95]]}}}}
     with pytest.raises(ValueError, match="log=False"):
-        plots.plot_layer_losses(negative, figures.panel()[1], ["swap"])
+        plots_costs.plot_layer_costs(negative, figures.panel()[1], ["swap"])
+    assert plots_costs.label("rescale:-1") == "α = −1" and plots_costs.label("swap") == "exchange q↔k"
+
+
+def test_orbit_matched_interpolates_the_orbit_at_the_same_size():
+    from qkmlp.pretrained.findings import layer_comparison, orbit_matched, texts_table
+
+    base = [1.0, 1.0, 1.0]
+    res = {"config": {"main_text": "t", "texts": ["t"]}, "model": {"n_layers": 1},
+           "texts": {"t": {"base": base, "text": {"genre": "g", "role": "r", "n_chars": 5, "n_tokens": 3,
+                                                  "sha256": "ab"},
+                           "layer": {"rescale:2": [[1.1, 1.1, 1.1]], "rescale:-1": [[2.0, 2.0, 2.0]],
+                                     "swap": [[1.5, 1.5, 1.5]], "symmetrized": [[1.01, 1.01, 1.01]]},
+                           "local_change": [{"rescale:2": {"rest": 0.1}, "rescale:-1": {"rest": 1.0},
+                                             "swap": {"rest": math.sqrt(0.1)}, "symmetrized": {"rest": 0.05}}]}}}
+    row = orbit_matched(res)[0]
+    # halfway in log size between 0.1 and 1.0: the orbit costs sqrt(0.1 * 1.0) there
+    assert row["swap"]["orbit"] == pytest.approx(math.sqrt(0.1 * 1.0))
+    assert row["swap"]["ratio"] == pytest.approx(0.5 / math.sqrt(0.1))
+    assert row["symmetrized"]["orbit"] is None            # smaller than any stored rescaling
+    cmp = layer_comparison(res, "swap", "rescale:-1")
+    assert cmp["more"] == [0] and cmp["ratio"][0] == pytest.approx(2.0)
+    assert texts_table(res)[0]["loss"] == 1.0 and texts_table(res)[0]["se"] == 0.0
 
 
 def test_report_means_and_standard_errors():
