@@ -205,18 +205,21 @@ def test_the_command_line_runs_on_a_model_folder(tmp_path):
     from qkmlp.pretrained.__main__ import main
 
     assert main(["--model", str(folder), "--out", str(out), "--texts", "pydoc_topics", "--windows", "2",
-                 "--length", "16", "--layers", "1", "--unit-layers", "none", "--alphas-all", "-1,2",
+                 "--length", "16", "--layers", "1", "--unit-layers", "none", "--alphas-all=-1,2",
                  "--alphas-layer", "2", "--no-progress"]) == 0
     res = json.loads(out.read_text())
     assert res["model"]["architecture"] == "Qwen2ForCausalLM"
     assert res["meta"]["source"]["kind"] == "folder" and "model.safetensors" in res["meta"]["source"]["sha256"]
     t = res["texts"]["pydoc_topics"]
     assert t["layer"]["swap"][0] is None and len(t["layer"]["swap"][1]) == 2
-    from qkmlp.pretrained import heldout_windows
     from qkmlp.pretrained.report import stored_windows
 
-    ids = stored_windows(tok, res, "pydoc_topics")
-    assert ids[0, 0] == tok.bos_token_id and ids.shape == (2, 16)
-    loaded, _, _ = loading.load_model(folder)
-    direct = window_losses(loaded, heldout_windows(tok, 2, 16, None, bos=True))
+    loaded, tok_run, _ = loading.load_model(folder)
+    ids = stored_windows(tok_run, res, "pydoc_topics")
+    assert ids[0, 0] == tok_run.bos_token_id and ids.shape == (2, 16)
+    direct = window_losses(loaded, ids)
     assert t["hf"] == pytest.approx(direct.tolist(), rel=1e-5)
+    # the folder's config picks the tokenizer class (Qwen2's splits blank lines otherwise):
+    # windows made with another tokenizer are refused, not silently used
+    with pytest.raises(ValueError, match="differ from the stored run"):
+        stored_windows(tok, res, "pydoc_topics")
