@@ -11,7 +11,7 @@ import torch
 from qkmlp import GatedMLP
 from qkmlp.pretrained import (gauge_balanced, gauge_statistics, mean_input_probes, pair_distance,
                               partially_swapped, residual_outliers, unit_peaks, variant, weight_probes)
-from qkmlp.pretrained.outliers import MASSIVE_ABS
+from qkmlp.pretrained.outliers import MASSIVE_ABS  # noqa: F401
 from qkmlp.pretrained.probes import mean_row_ratio
 from qkmlp.pretrained.textrun import expand, key, merge, parse_key
 
@@ -137,6 +137,10 @@ def test_residual_outliers_keep_position_zero_apart():
     assert r["massive_pos0"] == 3 and r["massive_rest"] == 1 and r["windows_massive_rest"] == 1
     assert 50.0 < MASSIVE_ABS
     assert r["median"] == pytest.approx(float(h.abs().median()))
+    from qkmlp.pretrained.outliers import is_massive
+
+    assert is_massive(r["max_pos0"], r["median"]) and not is_massive(50.0, 0.001)
+    assert not is_massive(500.0, 1.0)                 # above 100 but only 500x the median
 
 
 def test_unit_peaks_against_the_formula():

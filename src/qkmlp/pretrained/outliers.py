@@ -9,8 +9,9 @@ at position 0 is then reporting that pattern, not a property of typical tokens, 
 statistic here comes twice: over all positions, and with position 0 left out.
 
 - :func:`residual_outliers`: per decoder layer, the largest |entry| of the stream
-  entering it at position 0 and elsewhere, the median |entry|, and how many entries meet
-  Sun et al.'s criterion at position 0 and elsewhere;
+  entering it at position 0 and elsewhere and the median |entry| (so :func:`is_massive`
+  tells whether either place holds a massive activation, by the layer's median), and how
+  many entries meet a stricter, per-token form of the criterion;
 - :func:`unit_peaks`: per unit, the largest |σ(a)b| over all positions and over
   positions ≥ 1, and the position of the peak in each window.
 """
@@ -20,11 +21,17 @@ import torch
 
 from ..layers import GatedMLP
 
-__all__ = ["MASSIVE_ABS", "MASSIVE_RATIO", "residual_outliers", "unit_peaks"]
+__all__ = ["MASSIVE_ABS", "MASSIVE_RATIO", "is_massive", "residual_outliers", "unit_peaks"]
 
 #: Sun et al.'s thresholds: |entry| > 100 and |entry| ≥ 1000 × the median |entry|.
 MASSIVE_ABS = 100.0
 MASSIVE_RATIO = 1000.0
+
+
+def is_massive(value: float, median: float) -> bool:
+    """Sun et al.'s criterion: |value| > :data:`MASSIVE_ABS` and ≥ :data:`MASSIVE_RATIO` ×
+    ``median`` (the median |entry| of the layer's hidden states)."""
+    return abs(value) > MASSIVE_ABS and abs(value) >= MASSIVE_RATIO * median
 
 
 def _check3(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -39,10 +46,12 @@ def residual_outliers(h: torch.Tensor) -> dict:
     """Statistics of one layer's residual stream h (B, L, d), position 0 kept apart.
 
     Returns ``max_pos0``, ``max_rest`` (largest |entry| at position 0 and at positions
-    ≥ 1), ``median`` (median |entry| over everything), ``massive_pos0`` and
-    ``massive_rest`` (entries with |h| > :data:`MASSIVE_ABS` and ≥ :data:`MASSIVE_RATIO`
-    × the median |entry| of their own hidden state, i.e. of their token's vector), and
-    ``windows_massive_rest``: in how many windows some position ≥ 1 holds one.
+    ≥ 1) and ``median`` (median |entry| over all windows, positions and coordinates: the
+    reference of :func:`is_massive`); and, stricter, ``massive_pos0`` and ``massive_rest``:
+    entries with |h| > :data:`MASSIVE_ABS` and ≥ :data:`MASSIVE_RATIO` × the median
+    |entry| of their own token's vector (a token whose whole vector is large, as the
+    first token's can be, does not count), and ``windows_massive_rest``: in how many
+    windows some position ≥ 1 holds one of those.
     """
     h = _check3(h, "h").abs()
     med_tok = h.median(dim=-1, keepdim=True).values
