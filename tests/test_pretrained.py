@@ -479,6 +479,26 @@ def test_runner_losses_match_a_plain_recomputation(tiny_run):
                 assert stored == pytest.approx(live, rel=1e-5, abs=1e-6)
 
 
+def test_stored_sizes_are_relative_changes_on_the_recorded_inputs(tiny_run):
+    """local_change equals qkmlp.symmetry.relative_change on what each MLP received,
+    over all positions and over positions >= 1."""
+    from qkmlp.symmetry import relative_change
+
+    model, res = tiny_run
+    g = gated_mlps(model)
+    w = heldout_windows(ByteTokenizer(), 3, 40, TINY_TEXTS["docs"])
+    with mlps_replaced(model, dict(enumerate(g))):
+        _, _, xin = layer_inputs(model, w, mlp_inputs=True)
+    lc = res["texts"]["docs"]["local_change"]
+    for l in range(3):
+        for kind, alpha in [("swap", None), ("rescale", -1.0), ("toward_swap", 0.25), ("linear", None)]:
+            k = kind if alpha is None else f"{kind}:{alpha:g}"
+            v = variant(g[l], kind, alpha)
+            assert lc[l][k]["all"] == pytest.approx(relative_change(g[l], v, xin[l].reshape(-1, 32)), rel=1e-5)
+            assert lc[l][k]["rest"] == pytest.approx(relative_change(g[l], v, xin[l][:, 1:].reshape(-1, 32)),
+                                                     rel=1e-5)
+
+
 def test_unit_groups_are_exact_passes_of_the_swapped_units(tiny_run):
     """A stored group loss equals a full forward pass with those units exchanged, and the
     groups are the units ordered by their stored first-order cost."""
