@@ -205,3 +205,43 @@ def test_ratio_panels_draw_every_run_interval_and_the_aa_spread():
         plt.close(f)
     with pytest.raises(ValueError, match="at least one"):
         bench.ratio_panels([])
+
+
+_PROFILE_SCRIPT = r"""
+import os, sys, torch
+from qkmlp.bench import op_counts
+from torch.profiler import ProfilerActivity, profile
+x = torch.randn(8, 8)
+if sys.argv[1] == "raw":
+    with profile(activities=[ProfilerActivity.CPU]):
+        x @ x
+else:
+    def fn():
+        os.write(2, b"a line of our own on fd 2\n")
+        return x @ x
+    counts = op_counts(fn)
+    assert counts["ops"]["aten::mm"] == 1, counts
+"""
+
+
+@pytest.mark.parametrize("mode", ["raw", "op_counts"])
+def test_op_counts_drops_kinetos_usdt_lines_and_keeps_the_rest(mode):
+    """libkineto prints 'USDT: <date> <pid> SyncActivityProfilerHandler.cpp:..] profiler_start'
+    (and _stop) on stderr at every profile; op_counts drops exactly those lines and
+    forwards everything else written to file descriptor 2 meanwhile."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ)
+    env.pop("KINETO_LOG_LEVEL", None)
+    proc = subprocess.run([sys.executable, "-c", _PROFILE_SCRIPT, mode], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    usdt = [ln for ln in proc.stderr.splitlines() if ln.startswith("USDT:")]
+    if mode == "raw":
+        if not usdt:
+            pytest.skip("this torch build's profiler prints no USDT lines: nothing to drop")
+        assert any("profiler_start" in ln for ln in usdt)
+    else:
+        assert usdt == [], proc.stderr
+        assert "a line of our own on fd 2" in proc.stderr

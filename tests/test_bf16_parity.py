@@ -24,7 +24,7 @@ def _twins(d, m, dtype, seed=0):
     """A Llama MLP and a rank-1 gated layer holding the same weights."""
     torch.manual_seed(seed)
     llama = LlamaMLP(d, m, dtype=dtype)
-    return llama, GatedMLP.from_linear(llama.gate_proj, llama.up_proj, llama.down_proj)
+    return llama, GatedMLP.from_linear(llama.gate_proj, llama.up_proj, llama.down_proj, activation="silu")
 
 
 def _float64_formula(x, llama):

@@ -7,6 +7,9 @@ in conftest.py, shared with test_browser.py.
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import tarfile
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -195,3 +198,53 @@ def test_bibliography_labels_are_author_year(book_build):
     assert labels, "no bibliography entries"
     bad = [lab for lab in labels if not re.fullmatch(r"[^\d,]+, \d{4}[a-z]?", lab)]
     assert not bad, f"labels not in the author-year form: {bad}"
+
+
+def test_the_site_ships_its_source_and_a_fresh_folder_can_run_make(book_build, tmp_path):
+    """The build writes qkmlp-source.tar.gz beside index.html. Unpacked into a fresh folder
+    (no .git, no .venv) it holds this checkout's source files, byte for byte: what
+    `make book` and `make test` need, every page of the table of contents and the stored
+    results under book/data; there `make -n book` and `make -n test` plan the README's
+    commands (running the suite from it takes as long as the suite: not done here). Every
+    page of the toc links the archive (header menu and footer), the run-locally page
+    from its text."""
+    from qkmlp.book.source_archive import ARCHIVE_NAME, TOP, source_files
+
+    archive = book_build.html / ARCHIVE_NAME
+    assert archive.is_file(), f"the build wrote no {ARCHIVE_NAME} into {book_build.html}"
+    with tarfile.open(archive, "r:gz") as tar:
+        names = tar.getnames()
+        tar.extractall(tmp_path, filter="data")
+    assert all(n.startswith(TOP + "/") for n in names), [n for n in names if not n.startswith(TOP + "/")][:5]
+    top = tmp_path / TOP
+    shipped = sorted(p.relative_to(top).as_posix() for p in top.rglob("*") if p.is_file())
+    assert shipped == source_files(ROOT), "the archive's files are not this checkout's source files"
+    changed = [rel for rel in shipped if (top / rel).read_bytes() != (ROOT / rel).read_bytes()]
+    assert not changed, f"files that differ from the checkout: {changed[:10]}"
+    needed = ["Makefile", "requirements.txt", "pyproject.toml", "_config.yml", "_toc.yml", "README.md",
+              "LICENSE", ".ci/run", "book/references.bib", "src/qkmlp/__init__.py", "tests/conftest.py",
+              "tests/toc_notebooks.py"]
+    needed += [next(f"{f}{ext}" for ext in (".ipynb", ".md") if (ROOT / f"{f}{ext}").exists())
+               for f in toc_entries(ROOT / "_toc.yml")]
+    assert not [n for n in needed if n not in shipped], [n for n in needed if n not in shipped]
+    data = [rel for rel in shipped if rel.startswith("book/data/")]
+    assert len(data) >= 10, f"only {len(data)} stored results under book/data: {data}"
+    stray = [rel for rel in shipped if re.search(r"(^|/)(\.git|\.venv|_build|test-artifacts|__pycache__)(/|$)", rel)]
+    assert not stray, stray
+    # from the unpacked folder (no git there) the archive would hold the same files
+    assert source_files(top) == shipped
+    make = shutil.which("make")
+    assert make, "make is not installed (the README's two commands need it)"
+    for target, planned in (("test", r"-m pytest .*tests"), ("book", r"jupyter-book build \. -W -n")):
+        proc = subprocess.run([make, "-n", target], cwd=top, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, f"make -n {target} in the unpacked source failed: {proc.stderr}"
+        assert re.search(planned, proc.stdout), f"make -n {target} does not plan {planned!r}:\n{proc.stdout}"
+        assert "-m venv .venv" in proc.stdout and "pip install" in proc.stdout
+    for f in toc_entries(book_build.toc):
+        text = (book_build.html / f"{f}.html").read_text()
+        links = re.findall(rf'href="([./]*{re.escape(ARCHIVE_NAME)})"', text)
+        assert len(links) >= 2, f"{f}.html links the source archive {len(links)} times (want header and footer)"
+        assert all((book_build.html / Path(f).parent / link).resolve() == archive.resolve() for link in links)
+    running = (book_build.html / "book" / "running_locally.html").read_text()
+    assert re.search(rf'<a class="[^"]*qk-source-archive[^"]*" href="[./]*{re.escape(ARCHIVE_NAME)}"', running), \
+        "the run-locally page does not link the source archive from its text"

@@ -167,7 +167,7 @@ def test_compiled_half_equals_eager_llama_bit_for_bit(dtype):
     torch.manual_seed(6)
     d, m = 16, 24
     llama = LlamaMLP(d, m, dtype=dtype)
-    gated = GatedMLP.from_linear(llama.gate_proj, llama.up_proj, llama.down_proj)
+    gated = GatedMLP.from_linear(llama.gate_proj, llama.up_proj, llama.down_proj, activation="silu")
     x = torch.randn(9, d, dtype=dtype, requires_grad=True)
     compiled = torch.compile(gated, fullgraph=True, backend="aot_eager")
     y, yl = compiled(x), llama(x)
@@ -201,3 +201,29 @@ def test_compiled_graph_saves_what_eager_saves(cls, rank):
     # the hooks see the compiled graph's saved tensors too (what the bench reports)
     c = torch.compile(layer, fullgraph=True, backend="aot_eager")
     assert saved_bytes(lambda: c(x), list(layer.parameters())) == 4 * n * eager
+
+
+def test_compiled_bf16_inference_runs_the_compiled_llama_sequence_and_training_the_eager_one():
+    """What the layers docstring says each mode runs, in bfloat16 with inductor: inference
+    fuses σ and the product into one float32 kernel rounded once, bit-equal to a compiled
+    Llama MLP and to that one-rounding formula; with a gradient wanted the compiled layer
+    runs the eager op sequence (σ(a) rounded, then the product), bit-equal to eager."""
+    torch.manual_seed(9)
+    d, m = 32, 48
+    llama = LlamaMLP(d, m, dtype=torch.bfloat16)
+    gated = GatedMLP.from_linear(llama.gate_proj, llama.up_proj, llama.down_proj, activation="silu")
+    x = torch.randn(64, d, dtype=torch.bfloat16) * 2
+    compiled = torch.compile(gated, fullgraph=True, backend="inductor")
+    with torch.no_grad():
+        eager, inference = gated(x), compiled(x)
+        llama_inference = torch.compile(llama, fullgraph=True, backend="inductor")(x)
+        a, b = x @ gated.query_weight.T, x @ gated.key_weight.T
+        once = torch.nn.functional.linear((torch.nn.functional.silu(a.float()) * b.float()).to(torch.bfloat16),
+                                          gated.value.T.contiguous())
+    assert torch.equal(eager, llama(x))
+    assert torch.equal(inference, llama_inference) and torch.equal(inference, once)
+    rel = ((inference.float() - eager.float()).norm() / eager.float().norm()).item()
+    print(f"compiled bf16 inference vs eager: {rel:.2%} relative")
+    assert 0 < rel < 1e-2, rel                 # a rounding apart
+    training = compiled(x.clone().requires_grad_())
+    assert torch.equal(training, eager)

@@ -140,7 +140,7 @@ def test_parameters_are_llamas_at_rank_one():
     """At rank 1 query_weight and key_weight are gate_proj.weight and up_proj.weight."""
     torch.manual_seed(1)
     llama = LlamaMLP(D, M)
-    layer = GatedMLP.from_linear(llama.gate_proj, llama.up_proj, llama.down_proj)
+    layer = GatedMLP.from_linear(llama.gate_proj, llama.up_proj, llama.down_proj, activation="silu")
     assert torch.equal(layer.query_weight, llama.gate_proj.weight)
     assert torch.equal(layer.key_weight, llama.up_proj.weight)
     assert torch.equal(layer.value, llama.down_proj.weight.T)
@@ -152,13 +152,14 @@ def test_from_linear_rejects_mixed_dtypes_and_devices_without_casting():
     gate, up, down = lin(D, M), lin(D, M), lin(M, O)
     before = [t.weight.detach().clone() for t in (gate, up, down)]
     with pytest.raises(TypeError, match=r"one dtype and device.*down_proj torch.float64"):
-        GatedMLP.from_linear(gate, up, lin(M, O, dtype=torch.float64))
+        GatedMLP.from_linear(gate, up, lin(M, O, dtype=torch.float64), activation="silu")
     with pytest.raises(TypeError, match=r"one dtype and device.*up_proj torch.float32 on meta"):
-        GatedMLP.from_linear(gate, lin(D, M, device="meta"), down)
+        GatedMLP.from_linear(gate, lin(D, M, device="meta"), down, activation="silu")
     with pytest.raises(TypeError, match=r"down_proj torch.float32 on meta"):
-        GatedMLP.from_linear(gate, up, lin(M, O, device="meta"))
+        GatedMLP.from_linear(gate, up, lin(M, O, device="meta"), activation="silu")
     assert all(torch.equal(t.weight, b) for t, b in zip((gate, up, down), before))
-    meta = GatedMLP.from_linear(lin(D, M, device="meta"), lin(D, M, device="meta"), lin(M, O, device="meta"))
+    meta = GatedMLP.from_linear(lin(D, M, device="meta"), lin(D, M, device="meta"), lin(M, O, device="meta"),
+                                activation="silu")
     assert meta.query_weight.device.type == "meta"
 
 

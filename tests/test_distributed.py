@@ -2,7 +2,9 @@
 
 Each process trains a residual block ``y = mlp(x); y += x`` (the in-place residual of a
 transformer block) on its half of a batch; the averaged gradients and the weights after
-two SGD steps must equal those of one process training on the whole batch.
+two SGD steps must equal those of one process training on the whole batch. On the
+shards, what needs the full weights (``to_linear``, ``to_dense``, the views of an unevenly
+sharded weight) raises naming the fix, and works after ``unshard()``.
 """
 import os
 import socket
@@ -81,11 +83,38 @@ def _worker(rank, world, port, errfile):
             for n in want_g:
                 torch.testing.assert_close(got_g[n], want_g[n], msg=f"FSDP2 {cls.__name__} r{r} grad {n}")
                 torch.testing.assert_close(got_w[n], want_w[n], msg=f"FSDP2 {cls.__name__} r{r} {n}")
+            _sharded_errors_name_the_fix(model.mlp, got_w)
         dist.destroy_process_group()
     except BaseException:
         with open(f"{errfile}.{rank}", "w") as f:
             f.write(traceback.format_exc())
         raise
+
+
+def _sharded_errors_name_the_fix(layer, full):
+    """On FSDP2 shards, what needs the full weights raises naming the fix; after
+    ``unshard()`` it works and gives what the full weights give."""
+    fix = r"needs the full weights.*unshard first.*full state dict"
+    if layer.rank > 1 and layer.d_hidden % 2:   # (m·r, d) in two shards cannot unflatten to (m, r, d)
+        with pytest.raises(RuntimeError, match=r"layer.query " + fix):
+            layer.query
+    if isinstance(layer, GatedMLP):
+        with pytest.raises(RuntimeError, match=r"GatedMLP.to_linear\(\) " + fix):
+            layer.to_linear()
+    if isinstance(layer, SymmetricBilinearMLP):
+        with pytest.raises(RuntimeError, match=r"to_dense\(\) " + fix):
+            layer.to_dense()
+    layer.unshard()
+    try:
+        q = full["mlp.query_weight"].view(layer.d_hidden, layer.rank, layer.d_model)
+        assert torch.equal(layer.query, q)
+        if isinstance(layer, GatedMLP):
+            gate, up, down = layer.to_linear()
+            assert torch.equal(gate.weight, full["mlp.query_weight"])
+            assert torch.equal(up.weight, full["mlp.key_weight"])
+            assert torch.equal(down.weight, full["mlp.value"].repeat_interleave(layer.rank, 0).T)
+    finally:
+        layer.reshard()
 
 
 def _free_port():

@@ -1,10 +1,13 @@
 """Round trips with Hugging Face ``transformers``: a tiny random LlamaForCausalLM (no
 download) with every MLP swapped for ``GatedMLP.from_linear``, then back with
-``to_linear`` through ``save_pretrained`` / ``from_pretrained``."""
+``to_linear`` through ``save_pretrained`` / ``from_pretrained``; and ``GatedMLP.from_mlp``
+reading σ from Llama, Gemma and Gemma 2 MLP modules."""
 import copy
+import importlib
 
 import pytest
 import torch
+from torch import nn
 
 transformers = pytest.importorskip("transformers")
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
@@ -109,3 +112,75 @@ def test_config_hidden_act_names_give_the_same_model(hidden_act):
         torch.testing.assert_close(swapped(ids).logits, llama(ids).logits, rtol=1e-12, atol=1e-12)
     z = torch.linspace(-8, 8, 201, dtype=F64)
     torch.testing.assert_close(swapped.model.layers[0].mlp.activation(z), ACT2FN[hidden_act](z))
+
+
+# --- GatedMLP.from_mlp reads σ from a Hugging Face MLP module -------------------------------
+
+D, M = 8, 5
+
+
+def _hf_mlp(arch: str, hidden_act: str, **extra):
+    cfg = {"llama": transformers.LlamaConfig, "gemma": transformers.GemmaConfig,
+           "gemma2": transformers.Gemma2Config}[arch](
+        hidden_size=D, intermediate_size=M, hidden_act=hidden_act, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=4, **extra)
+    mod = {"llama": "transformers.models.llama.modeling_llama",
+           "gemma": "transformers.models.gemma.modeling_gemma",
+           "gemma2": "transformers.models.gemma2.modeling_gemma2"}[arch]
+    cls = getattr(importlib.import_module(mod), {"llama": "LlamaMLP", "gemma": "GemmaMLP", "gemma2": "Gemma2MLP"}[arch])
+    torch.manual_seed(5)
+    return cls(cfg).double()
+
+
+@pytest.mark.parametrize("arch,hidden_act,expect", [
+    ("llama", "silu", "silu"),
+    ("gemma", "gelu_pytorch_tanh", "gelu_tanh"),     # the issue's case: SiLU gave 0.178 error here
+    ("llama", "gelu", "gelu"),
+    ("llama", "relu", "relu"),
+])
+def test_from_mlp_reads_sigma_and_equals_the_hugging_face_mlp(arch, hidden_act, expect):
+    mlp = _hf_mlp(arch, hidden_act)
+    layer = GatedMLP.from_mlp(mlp)
+    assert layer.activation.name == expect
+    x = torch.randn(2, 4, D, dtype=F64)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), mlp(x), rtol=1e-12, atol=1e-12)
+        silu = GatedMLP.from_linear(mlp.gate_proj, mlp.up_proj, mlp.down_proj, activation="silu")
+        if expect != "silu":                 # what the old silent default gave: another function
+            assert (silu(x) - mlp(x)).norm() > 1e-3 * mlp(x).norm()
+
+
+def test_from_mlp_reads_gemma2s_hidden_activation():
+    mlp = _hf_mlp("gemma2", "gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh")
+    layer = GatedMLP.from_mlp(mlp)
+    x = torch.randn(5, D, dtype=F64)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), mlp(x), rtol=1e-12, atol=1e-12)
+
+
+class _Doubler(nn.Module):
+    def forward(self, z):
+        return 2 * z
+
+
+def test_from_mlp_prefers_what_act_fn_computes_and_refuses_a_guess():
+    mlp = _hf_mlp("llama", "silu")
+    x = torch.randn(5, D, dtype=F64)
+    mlp.act_fn = nn.ReLU()                       # replaced after construction: config still says silu
+    with torch.no_grad():
+        torch.testing.assert_close(GatedMLP.from_mlp(mlp)(x), mlp(x), rtol=1e-12, atol=1e-12)
+    mlp.act_fn = _Doubler()                      # something qkmlp cannot confirm
+    with pytest.raises(ValueError, match=r"cannot read the activation of this LlamaMLP \(act_fn is a "
+                                         r"_Doubler that qkmlp cannot confirm; config.hidden_act = 'silu'\)"):
+        GatedMLP.from_mlp(mlp)
+    # an explicit activation always wins (here the callable itself, run as given)
+    layer = GatedMLP.from_mlp(mlp, activation=mlp.act_fn)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), mlp(x), rtol=1e-12, atol=1e-12)
+
+
+def test_from_mlp_catches_a_config_that_does_not_match_act_fn():
+    mlp = _hf_mlp("llama", "gelu")
+    mlp.config.hidden_act = "gelu_pytorch_tanh"  # says tanh-GELU, act_fn computes exact GELU
+    with pytest.raises(ValueError, match="cannot read the activation"):
+        GatedMLP.from_mlp(mlp)

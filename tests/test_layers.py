@@ -177,14 +177,14 @@ def test_from_linear_loads_a_llama_mlp(activation):
 def test_from_linear_rejects_biases_and_mismatched_shapes():
     gate, up, down = nn.Linear(D, M), nn.Linear(D, M, bias=False), nn.Linear(M, O, bias=False)
     with pytest.raises(ValueError, match="bias"):
-        GatedMLP.from_linear(gate, up, down)
+        GatedMLP.from_linear(gate, up, down, activation="silu")
     gate = nn.Linear(D, M, bias=False)
     with pytest.raises(ValueError, match="up_proj"):
-        GatedMLP.from_linear(gate, nn.Linear(D, M + 1, bias=False), down)
+        GatedMLP.from_linear(gate, nn.Linear(D, M + 1, bias=False), down, activation="silu")
     with pytest.raises(ValueError, match="down_proj"):
-        GatedMLP.from_linear(gate, up, nn.Linear(M + 1, O, bias=False))
+        GatedMLP.from_linear(gate, up, nn.Linear(M + 1, O, bias=False), activation="silu")
     with pytest.raises(TypeError, match="nn.Linear"):
-        GatedMLP.from_linear(gate, up, lambda x: x)
+        GatedMLP.from_linear(gate, up, lambda x: x, activation="silu")
 
 
 @pytest.mark.parametrize("cls,rank", ALL, ids=IDS)

@@ -17,6 +17,7 @@ from qkmlp import (
     KeyValueMLP,
     StaticQueryMLP,
     SymmetricBilinearMLP,
+    SymmetrizedGatedMLP,
     activation_names,
     get_activation,
 )
@@ -229,3 +230,40 @@ def test_transforms_reject_layers_they_do_not_apply_to():
         rescaled(BilinearAttentionMLP(4, 3), 2.0)
     with pytest.raises(TypeError, match="GatedMLP"):
         gauge_transformed(StaticQueryMLP(4, 3), torch.eye(1))
+
+
+# --- the predicates are sufficient conditions, exact only for the named activations ------
+
+def _zlogz(z):
+    return z * torch.log(z.abs().clamp_min(1e-300))
+
+
+def test_predicates_false_yet_symmetric_for_a_custom_sigma():
+    """σ(z) = z·log|z| commutes with no α ≠ 1, so the predicates answer False for the
+    symmetrised gated layer; yet σ(αz) − ασ(z) = (α·log|α|)·z, a linear term the
+    symmetrisation cancels: the layer keeps every α ≠ 0 and every diagonal gauge."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 6, dtype=F64)
+    sg = SymmetrizedGatedMLP(6, 5, rank=3, activation=_zlogz, dtype=F64)
+    gated = GatedMLP(6, 5, rank=3, activation=_zlogz, dtype=F64)
+    gated.load_state_dict(sg.state_dict())
+    for alpha in (2.0, -2.0, 0.5, -0.3):
+        assert not rescaling_is_symmetry(sg, alpha)
+        assert relative_change(sg, rescaled(sg, alpha), x) < INVARIANT
+        assert relative_change(gated, rescaled(gated, alpha), x) > BROKEN   # the gated form does change
+    G = torch.diag(torch.tensor([2.0, -0.5, 3.0], dtype=F64))
+    assert not gauge_is_symmetry(sg, G)
+    assert relative_change(sg, gauge_transformed(sg, G), x) < INVARIANT
+    assert relative_change(gated, gauge_transformed(gated, G), x) > BROKEN
+
+
+@pytest.mark.parametrize("alpha", [-0.5, -2.0, -3.0])
+def test_degree_p_homogeneous_sigma_with_negative_alpha_reflects_the_input(alpha):
+    """For α < 0 a degree-p gate gives x ↦ |α|^(p−1)·f(−x) (not α^(p−1)·f(x))."""
+    torch.manual_seed(1)
+    layer = GatedMLP(6, 8, rank=2, activation="relu2", dtype=F64)
+    x = torch.randn(50, 6, dtype=F64)
+    moved = rescaled(layer, alpha)(x)
+    torch.testing.assert_close(moved, abs(alpha) ** (2 - 1) * layer(-x), rtol=1e-10, atol=1e-12)
+    wrong = alpha ** (2 - 1) * layer(x)
+    assert (moved - wrong).norm() > 0.5 * moved.norm()

@@ -25,8 +25,20 @@
    arXiv entry shows its arXiv link once, not also as a bare URL.
 7. Footer: links to the general index, the module index and the proof index on every
    page (Sphinx builds them, but nothing linked to them).
-8. Page weight: sphinx-design's CSS and script only on pages that use it; the icon
-   stylesheet rules and font glyphs the site does not draw are cut (after the build).
+8. Page weight: sphinx-design's CSS and script only on pages that use it.
+9. Icon font: the icon stylesheet rules and font glyphs the site does not draw are cut
+   (after the build).
+10. The source with the site: the build writes ``qkmlp-source.tar.gz`` (what ``make book``
+   and ``make test`` need; :mod:`qkmlp.book.source_archive`) beside ``index.html``; the
+   download menu of every page's header and the footer link to it, and the role
+   ``{source-archive}`\`text\``` links to it from a page, with its size.
+11. Identifiers break only at dots, underscores and slashes: inline code of the text gets
+   a ``<wbr>`` after each, so the stylesheet need not let a name break anywhere (which
+   made table columns shrink and cut ``StaticQueryMLP.query`` mid-word); in tables only
+   after dots.
+12. Inline math keeps its punctuation: a formula and the punctuation written against it
+   (``$x$,`` or ``($x$)``) sit in one ``span.qk-nobr`` that does not wrap inside, so a
+   comma never starts the next line.
 """
 from __future__ import annotations
 
@@ -380,6 +392,126 @@ def _trim_icons(app, exception):
     css_path.write_text(css)
 
 
+# ------------------------------------------------------------------ 10. source archive
+
+def _prepare_source_archive(app):
+    """Make the archive's bytes before the pages are written (their links show its size)."""
+    from qkmlp.book import source_archive
+
+    app.qk_source_archive = None
+    if getattr(app.builder, "format", "") != "html":
+        return
+    data = source_archive.archive_bytes(app.srcdir)
+    app.qk_source_archive = data
+
+
+def _archive_size(app) -> str:
+    data = getattr(app, "qk_source_archive", None)
+    if not data:
+        return ""
+    return f"{len(data) / 1e6:.1f} MB" if len(data) >= 1e6 else f"{len(data) / 1e3:.0f} kB"
+
+
+def _archive_uri(docname: str) -> str:
+    import posixpath
+
+    from qkmlp.book.source_archive import ARCHIVE_NAME
+
+    return posixpath.relpath(ARCHIVE_NAME, posixpath.dirname(docname) or ".")
+
+
+def _source_archive_role(name, rawtext, text, lineno, inliner, options=None, content=None):
+    """``{source-archive}`\`the source\``` : a link to the archive, its size after it."""
+    from docutils import nodes as dn
+
+    env = inliner.document.settings.env
+    size = _archive_size(env.app)
+    label = f"{text} ({size})" if size else text
+    return [dn.reference(rawtext, label, refuri=_archive_uri(env.docname),
+                         classes=["qk-source-archive"])], []
+
+
+def _source_archive_links(app, pagename, templatename, context, doctree):
+    """The archive in the header's download menu and in the footer, on every page."""
+    from qkmlp.book.source_archive import ARCHIVE_NAME
+
+    if not getattr(app, "qk_source_archive", None) or "pathto" not in context:
+        return
+    url = context["pathto"](ARCHIVE_NAME, 1)
+    size = _archive_size(app)
+    for button in context.get("header_buttons") or []:
+        if button.get("label") == "download-buttons":
+            button["tooltip"] = "Download this page, or the book's source"
+            button["buttons"].append({
+                "type": "link", "url": url, "text": f"book source ({size})",
+                "tooltip": "The book's source (.tar.gz): run every chapter locally",
+                "icon": "fas fa-file-zipper", "label": "download-book-source-button"})
+    context["theme_extra_footer"] = (context.get("theme_extra_footer") or "") + \
+        f'<p class="qk-source"><a href="{url}">The book\'s source ({ARCHIVE_NAME}, {size})</a>: ' \
+        f'unpack it and run <code>make book</code> or <code>make test</code>.</p>'
+
+
+def _write_source_archive(app, exception):
+    from qkmlp.book.source_archive import ARCHIVE_NAME
+
+    data = getattr(app, "qk_source_archive", None)
+    if exception is None and data:
+        (Path(app.outdir) / ARCHIVE_NAME).write_bytes(data)
+
+
+# ------------------------------------------------------------------ 11, 12. line breaks
+
+_LITERAL = re.compile(r'(<code class="[^"]*\bliteral\b[^"]*">)(.*?)(</code>)', re.S)
+_TAG_OR_TEXT = re.compile(r"(<[^>]*>)")
+# after a run of dots, underscores or slashes between a name character and a letter (so
+# not inside a number such as 0.5)
+_BREAK_AFTER = re.compile(r"(?<=[A-Za-z0-9)\]])([._/]+)(?=[A-Za-z(])")
+
+
+_TABLE = re.compile(r"(<table\b.*?</table>)", re.S)
+
+
+_BREAK_AFTER_DOT = re.compile(r"(?<=[A-Za-z0-9)\]])(\.+)(?=[A-Za-z(])")
+
+
+def break_at_separators(html: str) -> str:
+    """``<wbr>`` after the dots, underscores and slashes inside names in inline code:
+    ``StaticQueryMLP.query`` may break before ``query``, never inside a word. In a table,
+    after dots only (``d_model`` stays whole; a table that is too wide scrolls)."""
+    def breaker(pattern):
+        def literal(m):
+            parts = _TAG_OR_TEXT.split(m[2])
+            inner = "".join(p if i % 2 else pattern.sub(r"\1<wbr>", p) for i, p in enumerate(parts))
+            return m[1] + inner + m[3]
+        return literal
+
+    text, table = breaker(_BREAK_AFTER), breaker(_BREAK_AFTER_DOT)
+    pieces = _TABLE.split(html)
+    return "".join(_LITERAL.sub(table if i % 2 else text, p) for i, p in enumerate(pieces))
+
+
+_MATH_SPAN = r'<span class="math notranslate nohighlight">[^<]*</span>'
+_MATH_PUNCT = re.compile(rf"([(\[\u201c\u2018]?)({_MATH_SPAN})((?:-[A-Za-z]+)?[.,;:!?)\]\u201d\u2019]*)")
+
+
+def keep_math_with_punctuation(html: str) -> str:
+    """Wrap an inline formula and the punctuation against it (an opening bracket or
+    quote before it; closing ones, ``.,;:!?`` and a hyphenated suffix such as ``-th``
+    after it) in ``span.qk-nobr``."""
+    def wrap(m):
+        if not (m[1] or m[3]):
+            return m[0]
+        return f'<span class="qk-nobr">{m[1]}{m[2]}{m[3]}</span>'
+
+    return _MATH_PUNCT.sub(wrap, html)
+
+
+def _line_breaks(app, pagename, templatename, context, doctree):
+    body = context.get("body")
+    if body:
+        context["body"] = keep_math_with_punctuation(break_at_separators(body))
+
+
 def setup(app):
     app.connect("missing-reference", _resolve_qkmlp)
     app.connect("autodoc-process-docstring", _process_docstring)
@@ -388,6 +520,11 @@ def setup(app):
     app.connect("html-page-context", _footer_index_links)
     app.connect("html-page-context", _drop_unused_assets)
     app.connect("build-finished", _trim_icons)
+    app.connect("builder-inited", _prepare_source_archive)
+    app.connect("html-page-context", _source_archive_links, priority=600)
+    app.connect("html-page-context", _line_breaks)
+    app.connect("build-finished", _write_source_archive)
+    app.add_role("source-archive", _source_archive_role)
     app.add_css_file("qkmlp-site.css")
     app.add_js_file("qkmlp-site.js")
     from sphinx_proof.domain import ProofDomain, ProofIndex

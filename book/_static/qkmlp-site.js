@@ -6,10 +6,19 @@
  *    each side where more of it is hidden (`qk-more-left` / `qk-more-right`). Code
  *    blocks and tables that scroll get the same fades. Re-checked when a box changes
  *    size (the window's width, a dropdown opened).
+ *    An inline formula that sits with its punctuation in span.qk-nobr (qkmlp_site.py)
+ *    is measured with it, and when it scrolls it leaves the punctuation room on the line.
  * 2. Search: over file:// a browser refuses to fetch the pages, so results show titles
  *    only (no snippet requests, no console errors); over http the snippets show math
  *    typeset by MathJax instead of raw TeX, and are cut from the page's text (not from
  *    its buttons, print-only contents list or code input).
+ * 3. Drawers: on a phone, tapping a link in the table of contents or in "On this page"
+ *    closes the drawer it is in, so the page shows the section the reader chose.
+ * 4. The sidebar does not scroll itself: the theme scrolled it (as the page finished
+ *    loading, seconds after it was drawn) whenever the current chapter's entry was in its
+ *    lower half, hiding the book's title and the search box, or restored the previous
+ *    page's position. It is now placed before it is drawn: at the top, or, when the
+ *    current chapter's entry would be out of sight there, just far enough to show it.
  */
 (function () {
   "use strict";
@@ -45,14 +54,19 @@
 
   function check(el) {
     if (isInlineMath(el)) {
-      // measure the formula at its natural width first
+      // measure the formula at its natural width first, with the punctuation kept with it
       el.classList.remove("qk-scroll", "qk-more-left", "qk-more-right");
+      var math = el.parentElement, nobr = math && math.parentElement;
+      if (!(nobr && nobr.classList.contains("qk-nobr"))) nobr = null;
+      if (nobr) math.style.maxWidth = "";
       var line = lineOf(el);
       if (!line) return;
       var cs = getComputedStyle(line);
       var room = line.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
       var width = el.getBoundingClientRect().width;
-      if (width === 0 || width <= room + 1) return;
+      var extra = nobr ? nobr.getBoundingClientRect().width - math.getBoundingClientRect().width : 0;
+      if (width === 0 || width + extra <= room + 1) return;
+      if (nobr) math.style.maxWidth = Math.max(room - extra - 1, room / 2) + "px";
       el.classList.add("qk-scroll");
     } else if (el.scrollWidth <= el.clientWidth + 1) {
       el.classList.remove("qk-scroll", "qk-more-left", "qk-more-right");
@@ -211,4 +225,53 @@
 
   installSearchMath();
   ready(installSearchMath);
+
+  // ------------------------------------------------------------- 3. drawers close on a tap
+  document.addEventListener("click", function (e) {
+    var link = e.target.closest && e.target.closest("a[href]");
+    var drawer = link && link.closest("dialog#pst-primary-sidebar-modal, dialog#pst-secondary-sidebar-modal");
+    // closing moves the links back into the page (the theme's "close" handler); the
+    // browser then follows the link as usual
+    if (!(drawer && drawer.open)) return;
+    drawer.addEventListener("close", function () {
+      // the theme gives the focus back to the drawer's button, which shows its tooltip
+      // over the header: a tap on a section is not a keyboard user's Escape
+      var focused = document.activeElement;
+      if (focused && focused.matches && focused.matches(".primary-toggle, .secondary-toggle")) focused.blur();
+    }, { once: true });
+    drawer.close();
+  }, true);
+
+  // ------------------------------------------------------------- 4. the sidebar stays put
+  // The theme (pydata-sphinx-theme.js, deferred: it runs as the page finishes loading,
+  // seconds after the sidebar is drawn on a long chapter) scrolls the sidebar to put the
+  // current entry a quarter down whenever that entry is in the lower half, or restores
+  // the previous page's position, both stored under this key. Here the position is
+  // chosen as soon as the sidebar is in the page, before it is drawn: the top, or, when
+  // the current entry would be out of sight there, just enough to show it. The theme
+  // then restores that same position (no jump).
+  var KEY = "sidebar-scroll-top";
+  function placeSidebar() {
+    var sidebar = document.querySelector("div.bd-sidebar-primary");
+    var nav = sidebar && sidebar.querySelector(".bd-docs-nav");
+    if (!nav) return false;
+    var active = nav.querySelectorAll(".active > a, a.current");
+    var top = 0;
+    if (active.length && sidebar.clientHeight > 0) {
+      var link = active[active.length - 1];
+      var r = link.getBoundingClientRect(), s = sidebar.getBoundingClientRect();
+      var bottom = r.bottom - s.top + sidebar.scrollTop;
+      if (bottom > sidebar.clientHeight) top = Math.ceil(bottom - sidebar.clientHeight + r.height);
+    }
+    sidebar.scrollTop = top;
+    try { sessionStorage.setItem(KEY, String(top)); } catch (err) { /* storage blocked */ }
+    return true;
+  }
+  try { sessionStorage.setItem(KEY, "0"); } catch (err) { /* storage blocked */ }
+  (function early() {
+    // the sidebar's links are complete once what follows them is in the page
+    if (document.querySelector(".sidebar-primary-items__end, main#main-content") && placeSidebar()) return;
+    if (document.readyState === "loading") requestAnimationFrame(early);
+  })();
+  ready(placeSidebar);
 })();

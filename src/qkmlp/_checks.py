@@ -53,3 +53,18 @@ def float_tensor(x, name: str = "x") -> torch.Tensor:
     if x.dim() == 0:
         raise ValueError(f"{name} must have shape (..., d), got a scalar")
     return x
+
+
+#: The dtypes a layer may hold: real floating point.
+REAL_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def real_float_dtype(dtype, name: str = "dtype"):
+    """``dtype`` if it is None or one of :data:`REAL_FLOAT_DTYPES`, else TypeError naming
+    ``name`` (a complex or integer dtype is refused here, not at the first forward)."""
+    if dtype is not None and dtype not in REAL_FLOAT_DTYPES:
+        raise TypeError(
+            f"{name} must be a real floating dtype (torch.float16, torch.bfloat16, torch.float32 "
+            f"or torch.float64) or None, got {dtype!r}"
+        )
+    return dtype

@@ -16,7 +16,7 @@ from typing import Callable, Optional, Union
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Activation", "get_activation", "ACTIVATIONS", "ALIASES", "activation_names"]
+__all__ = ["Activation", "get_activation", "ACTIVATIONS", "ALIASES", "activation_names", "activation_of_mlp"]
 
 
 @dataclass(frozen=True)
@@ -129,4 +129,77 @@ def get_activation(
     raise TypeError(
         f"activation must be a name ({', '.join(ACTIVATIONS)}) or a callable, "
         f"got {type(activation).__name__}"
+    )
+
+
+# --- reading σ off a module that carries it (GatedMLP.from_mlp) -------------------------
+
+def _nn_module_name(fn) -> Optional[str]:
+    """The registered name of a ``torch.nn`` activation module (or registered function) that
+    computes exactly that activation, else None. Nothing is inferred from behaviour."""
+    from torch import nn
+
+    for name, act in ACTIVATIONS.items():
+        if fn is act.fn:
+            return name
+    simple = {nn.SiLU: "silu", nn.ReLU: "relu", nn.Tanh: "tanh", nn.Sigmoid: "sigmoid", nn.Identity: "identity"}
+    t = type(fn)
+    if t in simple:
+        return simple[t]
+    if t is nn.GELU:
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(fn.approximate)
+    if t is nn.LeakyReLU and fn.negative_slope == 0.01:
+        return "leaky_relu"
+    if t is nn.Softplus and fn.beta == 1 and fn.threshold == 20:
+        return "softplus"
+    return None
+
+
+def _computes(fn, act: Activation) -> bool:
+    """Whether ``fn`` agrees with ``act`` to 1e-6 on 257 points of [-8, 8] in float64 (a check
+    of a declared name against the module that was built from it, never a search)."""
+    z = torch.linspace(-8.0, 8.0, 257, dtype=torch.float64)
+    try:
+        with torch.no_grad():
+            got = fn(z)
+    except Exception:       # noqa: BLE001 - a module that cannot run on this probe is not confirmed
+        return False
+    want = act(z)
+    return (isinstance(got, torch.Tensor) and got.shape == want.shape
+            and torch.allclose(got.to(torch.float64), want, rtol=1e-6, atol=1e-6))
+
+
+def activation_of_mlp(mlp) -> Activation:
+    """The activation σ of a gate/up/down MLP module, read from what the module carries.
+
+    - ``mlp.act_fn`` a ``torch.nn`` module computing a registered activation exactly
+      (``nn.SiLU``, ``nn.ReLU``, ``nn.GELU``, ``nn.Tanh``, ``nn.Sigmoid``, ``nn.Identity``,
+      ``nn.LeakyReLU(0.01)``, ``nn.Softplus()``) or a registered function (``F.silu``): that one;
+    - else a name in ``mlp.config`` (Hugging Face: ``hidden_activation``, then ``hidden_act``):
+      the first one that ``mlp.act_fn``, when the module has one, is checked to compute
+      (to 1e-6 on [-8, 8]; a replaced or mismatched ``act_fn`` is caught here).
+
+    Anything else raises ValueError asking for ``activation=``: σ is never guessed.
+    """
+    act_fn = getattr(mlp, "act_fn", None)
+    name = _nn_module_name(act_fn) if act_fn is not None else None
+    if name is not None:
+        return ACTIVATIONS[name]
+    config = getattr(mlp, "config", None)
+    declared = [(attr, v) for attr in ("hidden_activation", "hidden_act")
+                if isinstance(v := getattr(config, attr, None), str)]
+    what = type(mlp).__name__
+    for attr, v in declared:
+        try:
+            act = get_activation(v)
+        except ValueError:
+            continue
+        if act_fn is None or _computes(act_fn, act):
+            return act
+    said = ", ".join(f"config.{a} = {v!r}" for a, v in declared) or "no config.hidden_act"
+    has = f"act_fn is a {type(act_fn).__name__} that qkmlp cannot confirm" if act_fn is not None else "no act_fn"
+    raise ValueError(
+        f"cannot read the activation of this {what} ({has}; {said}); pass activation= "
+        f"explicitly (one of {', '.join(ACTIVATIONS)}, a Hugging Face alias, or a callable "
+        f"such as activation=mlp.act_fn, which then runs as given)"
     )

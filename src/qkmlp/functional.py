@@ -22,8 +22,9 @@ to it): in bfloat16 and float16 the rank-1 gated layer computes bit for bit what
 error against float64 is Llama's own. (The other layers of :mod:`qkmlp.layers` apply σ
 in float32 for halves, ``compute_dtype``.) The activation's derivative is PyTorch's own fused backward
 kernel (``silu_backward``, ``gelu_backward``, ...) for every registered activation
-(``FUSED_ACTIVATIONS``); a layer with any other callable uses the plain autograd path
-(:func:`gated_reference`, :func:`symmetric_reference`, :func:`symmetrized_reference`).
+(``FUSED_ACTIVATIONS``); a layer, or :func:`gated` / :func:`symmetric`, given any other
+callable uses the plain autograd path (:func:`gated_reference`, :func:`symmetric_reference`,
+:func:`symmetrized_reference`).
 
 **When the fast path steps aside.** Its in-place and ``out=`` tricks, and a backward that
 is only a first derivative, are right in plain eager autograd only. :func:`gated` and
@@ -34,6 +35,8 @@ every torch API differentiates to every order, whenever (:func:`fast_path_applie
   ``hessian``, ``vmap``, ``jvp``), in eager mode or inside ``torch.compile``, or
 - a forward-mode AD level is open (``torch.autograd.forward_ad.dual_level``, which
   ``gradcheck(check_forward_ad=True)`` uses), or
+- ``torch.jit.trace`` is tracing (the trace then records the plain formula, the same in
+  every grad mode, so it runs with and without grad), or
 - an input is a tensor subclass or a batched tensor.
 
 A backward recorded by autograd (``create_graph=True``: double backward, gradient
@@ -142,7 +145,9 @@ def activation_backward(name: str, grad: torch.Tensor, z: torch.Tensor, s: torch
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype of the elementwise math: float32 for float16/bfloat16, else ``dtype``."""
+    """The dtype in which :class:`~qkmlp.KeyValueMLP`, :class:`~qkmlp.StaticQueryMLP` and
+    :class:`~qkmlp.BilinearAttentionMLP` apply σ: float32 for float16/bfloat16, else ``dtype``.
+    (The rank-r layers' fused middle runs in the input dtype itself.)"""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
@@ -163,8 +168,9 @@ def _transform_free() -> bool:
 
 
 def _plain_mode() -> bool:
-    """Plain eager autograd: not compiling, no torch.func transform, no forward-AD level."""
-    return not torch.compiler.is_compiling() and _transform_free()
+    """Plain eager autograd: not compiling, not tracing (``torch.jit.trace``), no torch.func
+    transform, no forward-AD level."""
+    return not torch.compiler.is_compiling() and not torch.jit.is_tracing() and _transform_free()
 
 
 def _plain_tensors(*ts: torch.Tensor) -> bool:
@@ -176,8 +182,8 @@ def _plain_tensors(*ts: torch.Tensor) -> bool:
 
 def fast_path_applies(*tensors: torch.Tensor) -> bool:
     """Whether the fused autograd functions may run on ``tensors`` now: plain eager mode
-    (no ``torch.func`` transform, no forward-AD level, not compiling) and plain tensors.
-    Where this is false, :func:`gated` and :func:`symmetric` evaluate the plain formula."""
+    (no ``torch.func`` transform, no forward-AD level, not compiling, not tracing) and plain
+    tensors. Where this is false, :func:`gated` and :func:`symmetric` evaluate the plain formula."""
     return _plain_mode() and _plain_tensors(*tensors)
 
 
@@ -497,15 +503,10 @@ def _check_args(x, query, key, value) -> tuple[int, int]:
     return m, mr // m
 
 
-def _fused_name(activation) -> str:
-    """The registered name of ``activation`` (a name, alias or Activation); ValueError if none."""
-    act = get_activation(activation) if isinstance(activation, str) else activation
-    if not isinstance(act, Activation) or not supports_fused(act):
-        raise ValueError(
-            f"the fused functions take a registered activation ({', '.join(FUSED_ACTIVATIONS)}), "
-            f"got {activation!r}; use gated_reference / symmetric_reference for other callables"
-        )
-    return act.name
+def _activation(activation) -> Activation:
+    """``activation`` as an :class:`Activation`: what a layer's ``activation=`` accepts (a
+    name, an alias, an Activation or a callable instance; a class raises TypeError)."""
+    return get_activation(activation)
 
 
 def _needs_grad(*ts) -> bool:
@@ -517,7 +518,10 @@ def _apply(fn, kind, hidden, reference, x, query, key, value, activation):
     through the fused forward when not, and the plain formula ``reference`` where the fast
     path does not apply (:func:`fast_path_applies`)."""
     m, r = _check_args(x, query, key, value)
-    name = _fused_name(activation)
+    act = _activation(activation)
+    if not supports_fused(act):         # a callable with no known derivative: as the layers do
+        return reference(x, query, key, value, act, m, r)
+    name = act.name
     if not _transform_free():
         return reference(x, query, key, value, ACTIVATIONS[name], m, r)
     if torch.compiler.is_compiling():
@@ -639,7 +643,10 @@ _op_forward.register_autograd(_op_autograd, setup_context=_op_setup_context)
 
 def gated(x: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, activation) -> torch.Tensor:
     """Fused gated rank-r MLP on a 2-D batch: x (N, d), query and key (m·r, d), value
-    (m, d_out) -> (N, d_out); ``activation`` a registered name. See :class:`GatedFn`."""
+    (m, d_out) -> (N, d_out). ``activation`` is anything a layer's ``activation=`` takes
+    and is fused as there: a registered name or alias, an :class:`Activation`, or a callable
+    (``F.silu`` is the registered silu; any other callable runs :func:`gated_reference`).
+    See :class:`GatedFn`."""
     return _apply(GatedFn, "gated", _gated_hidden, gated_reference, x, query, key, value, activation)
 
 

@@ -1,4 +1,4 @@
-"""The five layers of the book, from the key-value MLP to the gated MLP.
+"""The six layers of the book, from the key-value MLP to the gated MLP and its symmetrised control.
 
 Notation (see the book's introduction): a token is a row vector x of width d = d_model;
 m = d_hidden memory slots; r = rank; d_out = output width (default d). No layer has
@@ -20,27 +20,62 @@ The rank-r layers (:class:`SymmetricBilinearMLP`, :class:`GatedMLP`,
 parameters ``query_weight`` and ``key_weight`` (m·r, d), and expose ``query`` and ``key``
 (m, r, d) as writable views of them; ``value`` (m, d_out) is a parameter.
 Their forward pass is the fused two-GEMM path of :mod:`qkmlp.functional`.
-In float16 and bfloat16 every layer runs its matrix products in that dtype and σ (and
-the factored layers' products) in float32.
+
+**Dtypes.** A layer holds float16, bfloat16, float32 or float64 weights (any other
+``dtype=``, complex included, raises ``TypeError`` at construction). In float16 and
+bfloat16 every layer runs its matrix products in that dtype. The rank-r layers run their
+elementwise middle in it too, with a Llama MLP's op sequence (σ(a) rounded to the dtype,
+then the product rounded to it; no float32 conversion): on CPU the rank-1 ``GatedMLP``
+computes ``down(σ(gate(x)) * up(x))`` bit for bit (tests/test_bf16_parity.py). :class:`KeyValueMLP`, :class:`StaticQueryMLP`
+and :class:`BilinearAttentionMLP` apply σ in float32 and round the result to the dtype.
+At rank r > 1 the rank sum is formed in the dtype (the gated h_j = Σ_s σ(a_s) b_s before
+the value GEMM, the symmetric Σ_s a_s b_s before σ). In float16 (largest finite number
+65504) the gated h_j can therefore overflow where ``to_linear()``'s Llama MLP stays
+finite: that MLP's down GEMM adds the m·r products in float32 and rounds only y
+(tests/test_interop.py builds such a case). Keeping h_j in float32 would need a float32
+value GEMM; this is documented, not changed.
+
+**Modes.** Eager mode (training and inference) and ``torch.compile`` with a gradient
+wanted run that op sequence. ``torch.compile`` of inference (no gradient) lets the
+compiler fuse σ and the product into one kernel that computes in float32 and rounds
+once, as it does for a compiled Llama MLP (bit-equal to it, and so a rounding away from
+eager: 0.33 % relative in the bfloat16 case of tests/test_compile.py).
+``torch.jit.trace`` records the plain formula (the same values in every grad mode);
+``torch.jit.script`` is not supported: the layers call Python objects TorchScript cannot
+compile (the activation registry, the ``autograd.Function`` classes, the checks that build
+their error messages); trace, or use ``torch.compile``.
 
 Rules every layer follows:
 
 - **Input.** A floating-point tensor of shape (..., d_model) on the layer's device, in the
-  layer's dtype (outside ``torch.autocast``, which casts as usual); anything else raises
-  a ``TypeError`` or ``ValueError`` that names what was expected. Sizes are integers
-  (Python or NumPy) >= 1. The output is a tensor of its own, never a view.
+  layer's dtype, or a jagged nested tensor of such tokens (``layout=torch.jagged``: each
+  sequence gets what it would get alone; a strided nested tensor raises); anything else
+  raises a ``TypeError`` or ``ValueError`` that names what was expected. Sizes are
+  integers (Python or NumPy) >= 1. The output is a tensor of its own, never a view.
+- **Autocast.** Under ``torch.autocast`` a layer casts what autocast casts for
+  ``nn.Linear``: every floating input and weight but float64 goes to the autocast dtype,
+  float64 is never cast, so a float64 layer stays float64 and a float64 input into a
+  layer of another dtype raises (``TypeError``), as ``nn.Linear`` does.
 - **Views of the weights** (rank-r layers). ``layer.query`` and ``layer.key`` are views:
   read them, write into them in place (``copy_``, ``nn.init.*_``, ``layer.query[0] = ...``)
-  or assign ``layer.query = t`` (copies t in). Everything that concerns the parameter
+  or assign ``layer.query = t`` (copies t in). An in-place write into a view needs
+  ``torch.no_grad()``, as ``nn.Linear(...).weight[0] = ...`` does (autograd refuses to
+  modify a leaf that requires grad in place); ``nn.init.*_`` and ``layer.query = t`` do
+  that themselves. Everything that concerns the parameter
   itself goes through ``query_weight`` and ``key_weight``: freezing the gate alone is
   ``layer.query_weight.requires_grad_(False)`` (``layer.query.requires_grad_`` raises, a
   view is not a leaf), and replacing storage is ``layer.query_weight = nn.Parameter(...)``
   or ``layer.query_weight.data = ...`` (``layer.query.data = ...`` would only rebind the
   temporary view: it changes nothing).
+- **Sharded weights.** After FSDP2's ``fully_shard`` the forward pass works as usual;
+  what needs the full weights (``to_linear``, ``to_dense``, ``absorbed``, a view of an
+  unevenly sharded weight) raises ``RuntimeError`` naming the fix: ``.unshard()`` the
+  sharded module first, or gather a full state dict.
 """
 from __future__ import annotations
 
 import math
+import sys
 from typing import Optional
 
 import torch
@@ -48,7 +83,8 @@ from torch import nn
 
 from . import functional as _fn
 from ._checks import positive_int as _positive_int
-from .activations import Activation, get_activation
+from ._checks import real_float_dtype as _real_float_dtype
+from .activations import Activation, activation_of_mlp, get_activation
 
 __all__ = [
     "KeyValueMLP",
@@ -63,8 +99,9 @@ __all__ = [
 class _QKMLPBase(nn.Module):
     """Shared plumbing: sizes, activation, input checks, repr."""
 
-    def __init__(self, d_model: int, d_hidden: int, d_out: Optional[int], activation) -> None:
+    def __init__(self, d_model: int, d_hidden: int, d_out: Optional[int], activation, dtype=None) -> None:
         super().__init__()
+        _real_float_dtype(dtype)
         self.d_model = _positive_int(d_model, "d_model")
         self.d_hidden = _positive_int(d_hidden, "d_hidden")
         self.d_out = self.d_model if d_out is None else _positive_int(d_out, "d_out")
@@ -78,6 +115,11 @@ class _QKMLPBase(nn.Module):
     def _check_input(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor of shape (..., {self.d_model}), got {type(x).__name__}")
+        if x.is_nested and x.layout != torch.jagged:
+            raise TypeError(
+                f"expected a dense tensor or a jagged nested tensor (layout=torch.jagged), got a nested "
+                f"tensor of layout {x.layout}; build it with torch.nested.nested_tensor(seqs, layout=torch.jagged)"
+            )
         if not x.is_floating_point():
             raise TypeError(
                 f"expected a floating-point input (float16, bfloat16, float32 or float64), got {x.dtype}"
@@ -92,13 +134,8 @@ class _QKMLPBase(nn.Module):
                 f"input is on {x.device} but the layer's weights are on {device}; move one of them "
                 f"(x.to({str(device)!r}) or layer.to({str(x.device)!r}))"
             )
-        if x.dtype != dtype and not (
-            torch.amp.is_autocast_available(x.device.type) and torch.is_autocast_enabled(x.device.type)
-        ):
-            raise TypeError(
-                f"input dtype {x.dtype} does not match the layer's dtype {dtype}; convert the input "
-                f"(x.to({dtype})) or the layer (layer.to({x.dtype}))"
-            )
+        if x.dtype != dtype:
+            _check_dtypes_meet(x.dtype, dtype, x.device.type)
 
     def extra_repr(self) -> str:
         parts = [f"d_model={self.d_model}", f"d_hidden={self.d_hidden}", f"d_out={self.d_out}"]
@@ -128,7 +165,7 @@ class KeyValueMLP(_QKMLPBase):
     """
 
     def __init__(self, d_model, d_hidden, d_out=None, *, activation="relu", device=None, dtype=None):
-        super().__init__(d_model, d_hidden, d_out, activation)
+        super().__init__(d_model, d_hidden, d_out, activation, dtype)
         fk = {"device": device, "dtype": dtype}
         self.key = nn.Parameter(torch.empty(self.d_hidden, self.d_model, **fk))
         self.value = self._new_value(fk)
@@ -156,7 +193,7 @@ class StaticQueryMLP(_QKMLPBase):
     """
 
     def __init__(self, d_model, d_hidden, d_out=None, *, activation="relu", device=None, dtype=None):
-        super().__init__(d_model, d_hidden, d_out, activation)
+        super().__init__(d_model, d_hidden, d_out, activation, dtype)
         fk = {"device": device, "dtype": dtype}
         self.query = nn.Parameter(torch.empty(self.d_model, self.d_model, **fk))
         self.key = nn.Parameter(torch.empty(self.d_hidden, self.d_model, **fk))
@@ -179,6 +216,7 @@ class StaticQueryMLP(_QKMLPBase):
     @torch.no_grad()
     def absorbed(self) -> KeyValueMLP:
         """The key-value MLP with keys K W_Qᵀ: same function, no query."""
+        _need_full_weights(self, "StaticQueryMLP.absorbed()")
         kv = KeyValueMLP(
             self.d_model, self.d_hidden, self.d_out, activation=self.activation,
             device=self.key.device, dtype=self.key.dtype,
@@ -189,14 +227,15 @@ class StaticQueryMLP(_QKMLPBase):
 
 
 class BilinearAttentionMLP(_QKMLPBase):
-    """Bilinear attention over memory slots: Σ_j σ(x A_j xᵀ) v_j, with A_j = Q_j K_jᵀ.
+    """Bilinear attention over memory slots: Σ_j σ(x A_j xᵀ) v_j, with A_j = Q_jᵀ K_j ∈ ℝ^{d×d}
+    (Q_j, K_j ∈ ℝ^{r×d}, the book's convention; stored densely, so any A_j).
 
     Parameters: ``interaction`` (m, d, d) = A_j stored densely, ``value`` (m, d_out).
     This is the costly form: m·d² parameters and m·d² multiply-adds per token.
     """
 
     def __init__(self, d_model, d_hidden, d_out=None, *, activation="silu", device=None, dtype=None):
-        super().__init__(d_model, d_hidden, d_out, activation)
+        super().__init__(d_model, d_hidden, d_out, activation, dtype)
         fk = {"device": device, "dtype": dtype}
         self.interaction = nn.Parameter(torch.empty(self.d_hidden, self.d_model, self.d_model, **fk))
         self.value = self._new_value(fk)
@@ -210,6 +249,8 @@ class BilinearAttentionMLP(_QKMLPBase):
     def scores(self, x: torch.Tensor) -> torch.Tensor:
         """Bilinear scores x A_j xᵀ for every slot j: (..., d) -> (..., m)."""
         self._check_input(x)
+        if x.is_nested:
+            return _on_jagged(x, self.scores)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.d_model)
         # (N, d) @ (d, m·d) -> (N, m, d), then contract the second index with x.
@@ -220,6 +261,9 @@ class BilinearAttentionMLP(_QKMLPBase):
         return s.reshape(*lead, self.d_hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, torch.Tensor) and x.is_nested:
+            self._check_input(x)
+            return _on_jagged(x, self.forward)
         return self._act(self.scores(x)) @ self.value
 
 
@@ -237,17 +281,18 @@ class _RankRBase(_QKMLPBase):
     ``down_proj.weight`` (d_out, m) has m, so pass ``mode="fan_out"`` for ``value``.
 
     The forward pass uses the fused autograd functions of :mod:`qkmlp.functional` (two
-    GEMMs, elementwise math in float32 for float16/bfloat16, only x and the
-    pre-activations saved for backward) when the activation is a registered one and
+    GEMMs, the elementwise middle in the input dtype with a Llama MLP's op sequence, only x
+    and the pre-activations saved for backward) when the activation is a registered one and
     ``self.fused`` is true; otherwise, and wherever the fused path steps aside (``torch.func``
-    transforms, forward-mode AD, tensor subclasses), the same formula in plain autograd.
+    transforms, forward-mode AD, ``torch.jit.trace``, tensor subclasses), the same formula
+    in plain autograd.
     """
 
     _fused_fn = None        # set by subclasses: the qkmlp.functional fused function
     _reference_fn = None    # and its plain-autograd twin
 
     def __init__(self, d_model, d_hidden, d_out, rank, activation, device, dtype):
-        super().__init__(d_model, d_hidden, d_out, activation)
+        super().__init__(d_model, d_hidden, d_out, activation, dtype)
         self.rank = _positive_int(rank, "rank")
         self.fused = True
         fk = {"device": device, "dtype": dtype}
@@ -262,12 +307,20 @@ class _RankRBase(_QKMLPBase):
     @property
     def query(self) -> torch.Tensor:
         """:math:`q_{j,s}` as ``query[j, s]``: (m, r, d), a writable view of ``query_weight``."""
-        return self.query_weight.view(self.d_hidden, self.rank, self.d_model)
+        return self._view("query")
 
     @property
     def key(self) -> torch.Tensor:
         """k_{j,s} as ``key[j, s]``: (m, r, d), a writable view of ``key_weight``."""
-        return self.key_weight.view(self.d_hidden, self.rank, self.d_model)
+        return self._view("key")
+
+    def _view(self, name: str) -> torch.Tensor:
+        w = getattr(self, name + "_weight")
+        try:
+            return w.view(self.d_hidden, self.rank, self.d_model)
+        except RuntimeError as e:        # an unevenly sharded DTensor cannot be unflattened
+            _need_full_weights(self, f"layer.{name}", e)
+            raise
 
     def __setattr__(self, name, value):
         if name in self._VIEWS and "_parameters" in self.__dict__:
@@ -334,6 +387,8 @@ class _RankRBase(_QKMLPBase):
     def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Query and key projections :math:`x\cdot q_{j,s}`, :math:`x\cdot k_{j,s}`: (..., d) -> two (..., m, r)."""
         self._check_input(x)
+        if x.is_nested:
+            return _on_jagged(x, self.projections)
         mr = self.d_hidden * self.rank
         ab = x @ torch.cat([self.query_weight, self.key_weight]).T     # one GEMM for both
         shape = (*x.shape[:-1], self.d_hidden, self.rank)
@@ -346,20 +401,87 @@ class _RankRBase(_QKMLPBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input(x)
+        if x.is_nested:
+            return _on_jagged(x, self.forward)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.d_model)
         q, k, v = self.query_weight, self.key_weight, self.value
-        dev = x.device.type
-        if torch.amp.is_autocast_available(dev) and torch.is_autocast_enabled(dev):
-            # Autocast: GEMMs and the elementwise middle in the autocast dtype, as a
-            # Llama MLP of nn.Linear runs under autocast.
-            dt = torch.get_autocast_dtype(dev)
-            x2, q, k, v = x2.to(dt), q.to(dt), k.to(dt), v.to(dt)
+        ac = _autocast_dtype(x.device.type)
+        if ac is not None and x.dtype != torch.float64:
+            # Autocast casts what it casts for nn.Linear: x and the weights to its dtype
+            # (float64 never, and _check_input refused float64 mixed with another dtype);
+            # the GEMMs and the elementwise middle then run in it, as in a Llama MLP.
+            x2, q, k, v = x2.to(ac), q.to(ac), k.to(ac), v.to(ac)
         if self.fused and type(self)._fused_fn is not None and _fn.supports_fused(self.activation):
             y = type(self)._fused_fn(x2, q, k, v, self.activation.name)
         else:
             y = type(self)._reference_fn(x2, q, k, v, self.activation, self.d_hidden, self.rank)
         return _fresh_reshape(y, (*lead, self.d_out))
+
+
+def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The autocast dtype when ``torch.autocast`` is on for ``device_type``, else None."""
+    if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
+
+
+def _check_dtypes_meet(x_dtype: torch.dtype, dtype: torch.dtype, device_type: str) -> None:
+    """TypeError unless an input of ``x_dtype`` may meet weights of ``dtype`` (they differ).
+
+    Outside autocast they never may. Under ``torch.autocast`` they may when autocast
+    casts both to one dtype: in the ops it runs in low precision (``linear``, ``matmul``,
+    ``mm``) it casts every floating dtype but float64 to its dtype and leaves float64 alone,
+    so float64 meets only float64, as for ``nn.Linear`` (tests/test_autocast.py)."""
+    if not dtype.is_floating_point:
+        raise TypeError(f"the layer's weights are {dtype}, but the layers are real-valued; convert "
+                        f"the layer to a floating dtype (layer.to(torch.float32))")
+    ac = _autocast_dtype(device_type)
+    if ac is None:
+        raise TypeError(
+            f"input dtype {x_dtype} does not match the layer's dtype {dtype}; convert the input "
+            f"(x.to({dtype})) or the layer (layer.to({x_dtype}))"
+        )
+    if torch.float64 in (x_dtype, dtype):
+        raise TypeError(
+            f"under torch.autocast({device_type!r}, dtype={ac}) an input of {x_dtype} does not meet "
+            f"weights of {dtype}: autocast casts every floating dtype but float64 to {ac} and never "
+            f"casts float64 (nn.Linear raises here too); convert the input (x.to({dtype})) or the "
+            f"layer (layer.to({x_dtype}))"
+        )
+
+
+def _on_jagged(x: torch.Tensor, f):
+    """``f`` on the tokens of a jagged nested tensor ``x`` (``x.values()``, every sequence's
+    tokens stacked), rewrapped with x's offsets: each sequence gets what ``f`` gives it alone
+    (every layer acts on each token by itself). ``f`` may return a tuple."""
+    def wrap(v):
+        return torch.nested.nested_tensor_from_jagged(
+            v, offsets=x.offsets(), lengths=x.lengths(), jagged_dim=x._ragged_idx)
+    out = f(x.values())
+    return tuple(map(wrap, out)) if isinstance(out, tuple) else wrap(out)
+
+
+def _sharded(layer: nn.Module) -> list[str]:
+    """Names of ``layer``'s own parameters that are DTensors (sharded by FSDP2's
+    ``fully_shard``). Without torch.distributed.tensor imported there can be none."""
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is None:
+        return []
+    return [n for n, p in layer.named_parameters(recurse=False) if isinstance(p, dtensor.DTensor)]
+
+
+def _need_full_weights(layer: nn.Module, what: str, cause: Optional[BaseException] = None) -> None:
+    """RuntimeError naming the fix when ``layer``'s parameters are FSDP2 shards."""
+    names = _sharded(layer)
+    if names:
+        raise RuntimeError(
+            f"{what} needs the full weights, but {', '.join(names)} are shards (DTensors) of FSDP2's "
+            f"fully_shard; unshard first (.unshard() on the fully_shard-ed module that holds this "
+            f"layer, .reshard() after) or gather a full state dict (torch.distributed.checkpoint."
+            f"state_dict.get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))) "
+            f"and load it into an unsharded copy"
+        ) from cause
 
 
 def _fresh_reshape(y: torch.Tensor, shape) -> torch.Tensor:
@@ -389,6 +511,7 @@ class SymmetricBilinearMLP(_RankRBase):
     @torch.no_grad()
     def to_dense(self) -> BilinearAttentionMLP:
         """The equal dense bilinear attention MLP (A_j materialised)."""
+        _need_full_weights(self, "SymmetricBilinearMLP.to_dense()")
         dense = BilinearAttentionMLP(
             self.d_model, self.d_hidden, self.d_out, activation=self.activation,
             device=self.value.device, dtype=self.value.dtype,
@@ -418,16 +541,26 @@ class GatedMLP(_RankRBase):
 
     @classmethod
     @torch.no_grad()
-    def from_linear(cls, gate_proj: nn.Linear, up_proj: nn.Linear, down_proj: nn.Linear, *, activation="silu") -> "GatedMLP":
+    def from_linear(cls, gate_proj: nn.Linear, up_proj: nn.Linear, down_proj: nn.Linear, *, activation=None) -> "GatedMLP":
         """Load a Llama-style MLP ``down(σ(gate(x)) * up(x))`` as a rank-1 GatedMLP.
 
         gate_proj.weight (m, d) -> query[:, 0], up_proj.weight (m, d) -> key[:, 0],
         down_proj.weight (d_out, m) -> value = downᵀ (``query_weight`` and ``key_weight``
         get the first two as they are).
+        ``activation`` is required (TypeError without it): three ``nn.Linear`` do not say
+        which σ sits between them (Llama's is ``silu``, Gemma's ``gelu_pytorch_tanh``), so
+        pass ``activation=config.hidden_act``, or load the MLP module with :meth:`from_mlp`,
+        which reads σ from it.
         The weights are copied. Biases are not supported; the three must share one dtype and
         device (TypeError otherwise; nothing is cast). On the meta device the layer is
         built on meta too, with no values to copy.
         """
+        if activation is None:
+            raise TypeError(
+                "GatedMLP.from_linear needs activation=: the three nn.Linear do not say which σ sits "
+                "between them (Llama, Mistral, Qwen2: 'silu'; Gemma: 'gelu_pytorch_tanh'); pass "
+                "activation=config.hidden_act, or GatedMLP.from_mlp(mlp), which reads it from the MLP module"
+            )
         lins = (("gate_proj", gate_proj), ("up_proj", up_proj), ("down_proj", down_proj))
         for name, lin in lins:
             if not isinstance(lin, nn.Linear):
@@ -456,6 +589,25 @@ class GatedMLP(_RankRBase):
         layer.value.copy_(down_proj.weight.T)
         return layer
 
+    @classmethod
+    def from_mlp(cls, mlp: nn.Module, *, activation=None) -> "GatedMLP":
+        """Load a Llama-style MLP module (``nn.Linear`` ``gate_proj``, ``up_proj``,
+        ``down_proj``: Llama, Mistral, Qwen2, Gemma, ...) as a rank-1 GatedMLP.
+
+        σ is ``activation`` when given, else read from the module
+        (:func:`~qkmlp.activations.activation_of_mlp`: its ``act_fn`` when that is a
+        ``torch.nn`` activation qkmlp knows, else ``config.hidden_activation`` /
+        ``config.hidden_act`` checked against ``act_fn``); ValueError when it cannot be read,
+        never a guess. Otherwise as :meth:`from_linear`.
+        """
+        parts = {n: getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")}
+        missing = [n for n, lin in parts.items() if not isinstance(lin, nn.Linear)]
+        if missing:
+            raise TypeError(f"expected an MLP module with nn.Linear gate_proj, up_proj and down_proj; "
+                            f"this {type(mlp).__name__} has no nn.Linear {', '.join(missing)}")
+        act = activation if activation is not None else activation_of_mlp(mlp)
+        return cls.from_linear(*parts.values(), activation=act)
+
     @torch.no_grad()
     def to_linear(self) -> tuple[nn.Linear, nn.Linear, nn.Linear]:
         """``(gate_proj, up_proj, down_proj)``: bias-free ``nn.Linear`` layers with
@@ -465,6 +617,7 @@ class GatedMLP(_RankRBase):
         down column v_j (each value repeated r times). Shapes: gate and up (m·r, d),
         down (d_out, m·r). The weights are copies, on this layer's device and dtype.
         """
+        _need_full_weights(self, "GatedMLP.to_linear()")
         m, r, d = self.d_hidden, self.rank, self.d_model
         fk = {"device": self.value.device, "dtype": self.value.dtype}
         gate = nn.Linear(d, m * r, bias=False, **fk)

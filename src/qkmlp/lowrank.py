@@ -1,9 +1,9 @@
 """Rank-r factors of the interaction matrices A_j, and what the theory predicts.
 
-The bilinear score x A xᵀ sees only the symmetric part S = (A + Aᵀ)/2 of A, so every
-function here measures and approximates S. A rank-r *factored* matrix is
-B = Σ_s q_sᵀ k_s = Qᵀ K with Q, K of shape (r, d) (rows q_s, k_s): the layout of
-``SymmetricBilinearMLP.query[j]`` and ``.key[j]``.
+The bilinear score x A xᵀ sees only the symmetric part S = sym(A) = (A + Aᵀ)/2 of A, so
+every function here measures and approximates S. r *factors* q_s, k_s, the rows of Q, K of
+shape (r, d) (the layout of ``SymmetricBilinearMLP.query[j]`` and ``.key[j]``), give the
+interaction matrix Σ_s q_sᵀ k_s = Qᵀ K, of rank at most r.
 
 Two ways to turn S into r factors (chapter "Rank r" of the book):
 
@@ -165,7 +165,7 @@ def rank_one_eigenvalues(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 
 def factors_to_matrix(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    """B = Σ_s q_sᵀ k_s = Qᵀ K: two (..., r, d) -> (..., d, d)."""
+    """The interaction matrix of r factors, Σ_s q_sᵀ k_s = Qᵀ K: two (..., r, d) -> (..., d, d)."""
     _check_factors(query, key)
     return (query.to(torch.float64).transpose(-1, -2) @ key.to(torch.float64)).to(query.dtype)
 
@@ -225,11 +225,11 @@ def symmetric_error(A: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> 
     """‖sym(A) − sym(Σ_s q_sᵀk_s)‖_F: the error the bilinear score sees. Returns shape (...)."""
     _check_square(A)
     _check_factors(query, key)
-    B = query.to(torch.float64).transpose(-1, -2) @ key.to(torch.float64)
-    if B.shape != A.shape:
-        raise ValueError(f"factors give matrices of shape {tuple(B.shape)}, A has shape {tuple(A.shape)}")
-    D = symmetric_part(A.to(torch.float64)) - symmetric_part(B)
-    return torch.linalg.matrix_norm(D).to(A.dtype)
+    A_factors = query.to(torch.float64).transpose(-1, -2) @ key.to(torch.float64)
+    if A_factors.shape != A.shape:
+        raise ValueError(f"factors give matrices of shape {tuple(A_factors.shape)}, A has shape {tuple(A.shape)}")
+    diff = symmetric_part(A.to(torch.float64)) - symmetric_part(A_factors)
+    return torch.linalg.matrix_norm(diff).to(A.dtype)
 
 
 def eckart_young_error(A: torch.Tensor, rank: int) -> torch.Tensor:
@@ -282,8 +282,8 @@ def fit_factors(
 
     def closure():
         opt.zero_grad()
-        B = q.transpose(-1, -2) @ k
-        loss = (S - (B + B.transpose(-1, -2)) / 2).square().sum()
+        A_qk = q.transpose(-1, -2) @ k
+        loss = (S - (A_qk + A_qk.transpose(-1, -2)) / 2).square().sum()
         loss.backward()
         return loss
 

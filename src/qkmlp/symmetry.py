@@ -8,10 +8,17 @@ Transforms return a new layer and leave their input untouched:
 - ``gauge_transformed(layer, G)``: per slot Q_j → G Q_j, K_j → G⁻ᵀ K_j, where Q_j is the
   (r, d) matrix with rows q_{j,s}; G is (r, r) or (m, r, r).
 
-Predicates (the theorems of the book, chapter "Symmetry breaking") say from the
-activation's properties whether a transform *must* leave the layer's function unchanged
-for every input and every weight; where they say ``False`` the transform changes the
-function for generic weights.
+Predicates (the theorems of the book, chapter "Symmetry breaking") give a *sufficient
+condition*, read from the activation's declared properties (``is_linear``,
+``homogeneity_degree``, ``is_odd`` of :class:`~qkmlp.activations.Activation`): ``True``
+means the theorems guarantee that the transform leaves the layer's function unchanged for
+every input and every weight. ``False`` means the declared properties do not guarantee it,
+not that the transform changes the function. For the ten named activations of
+:func:`qkmlp.get_activation` the converse of the theorems applies, and ``False`` does mean
+that some weights change (chapter "Symmetry breaking" measures a change above 1e-3 for
+random weights in every such case). For a custom σ it need not: the symmetrised gated layer
+with σ(z) = z·log|z| keeps every inverse scaling and every diagonal gauge, although
+σ(αz) = ασ(z) fails and the predicates say ``False``.
 
 Measured and predicted symmetry dimensions: :func:`symmetry_dimension` and
 :func:`predicted_symmetry_dimension`, defined in :mod:`qkmlp.symmetry_dimensions` and
@@ -168,10 +175,13 @@ def relative_change(layer_a, layer_b, x: torch.Tensor) -> float:
 # --- the theorems as predicates -------------------------------------------------------
 
 def scalar_rescaling_commutes(activation: Activation, alpha) -> bool:
-    """Whether σ(αz) = α·σ(z) for every z, from σ's properties.
+    """Whether σ(αz) = α·σ(z) for every z follows from σ's declared properties.
 
-    α = 1: always. α = −1: iff σ is odd. α > 0: iff σ is positively homogeneous of
-    degree 1. Other α < 0: iff σ is linear (odd and degree-1 homogeneous means linear).
+    ``True`` for: α = 1; linear σ (any α); α = −1 and odd σ; α > 0 and σ positively
+    homogeneous of degree 1. ``False`` otherwise, which for a custom σ only means the
+    properties do not imply it: σ(z) = z(2 + sin(2π log₂|z|)) declares none of them and
+    still commutes with α = 2. For the ten named activations the answer is exact. (Every
+    α < 0 other than −1 needs σ odd and degree-1 homogeneous, that is linear.)
     """
     a = _check_alpha(alpha)
     if a == 1.0 or activation.is_linear:
@@ -184,11 +194,13 @@ def scalar_rescaling_commutes(activation: Activation, alpha) -> bool:
 
 
 def swap_is_symmetry(layer) -> bool:
-    """Whether q ↔ k must leave the layer's function unchanged.
+    """Whether q ↔ k must leave the layer's function unchanged, for every weight.
 
-    Symmetric, symmetrised and dense forms: always (x A xᵀ = x Aᵀ xᵀ; the symmetrised
-    form is the average over the swap). Gated form: iff σ is linear (σ(a)b = σ(b)a for
-    all a, b forces σ(z) = cz).
+    Symmetric, symmetrised and dense forms: ``True`` (x A xᵀ = x Aᵀ xᵀ; the symmetrised
+    form is the average over the swap). Gated form: ``True`` iff σ is declared linear.
+    The gated answer is exact for every σ whose ``is_linear`` is right: σ(a)b = σ(b)a for
+    all a, b forces σ(z) = cz, so for a nonlinear σ some weights change (already with
+    d = m = r = 1).
     """
     _require(layer, (*_FACTORED, BilinearAttentionMLP), "swap_is_symmetry")
     if isinstance(layer, GatedMLP):
@@ -197,13 +209,23 @@ def swap_is_symmetry(layer) -> bool:
 
 
 def rescaling_is_symmetry(layer, alpha) -> bool:
-    """Whether q → αq, k → k/α must leave the layer's function unchanged.
+    """A sufficient condition for q → αq, k → k/α to leave the function unchanged.
 
-    Symmetric form and static query: for every σ and every α ≠ 0. Gated form: iff
-    σ(αz) = ασ(z) (:func:`scalar_rescaling_commutes`): every α > 0 for ReLU and leaky
-    ReLU, α = −1 for odd σ (tanh), every α for linear σ; for degree-p homogeneous σ the
-    output is multiplied by α^(p−1). The symmetrised gated form follows the gated rule
-    (each of its two terms is a gated term, one with α, one with 1/α).
+    Symmetric form and static query: ``True`` for every σ and every α ≠ 0 (exact).
+    Gated form: ``True`` when σ(αz) = ασ(z) follows from σ's declared properties
+    (:func:`scalar_rescaling_commutes`): every α > 0 for ReLU and leaky ReLU, α = −1 for
+    odd σ (tanh), every α for linear σ. The gated form is invariant for all weights iff
+    σ(αz) = ασ(z) for all z, so for the ten named activations ``False`` means some
+    weights change; a custom σ may commute with one α without declaring a property that
+    implies it. A positively homogeneous σ of degree p ≠ 1 (squared ReLU) is never
+    invariant but changes the layer exactly: f becomes α^(p−1)·f for α > 0 and
+    x ↦ |α|^(p−1)·f(−x) for α < 0 (not a multiple of f for squared ReLU).
+
+    The symmetrised gated form is invariant for all weights iff σ(αz) − ασ(z) = c·z for
+    some constant c; this returns the gated answer, which implies it. For the ten named
+    activations the two conditions pick the same α; for a custom σ they can differ:
+    σ(z) = z·log|z| satisfies the symmetrised condition for every α ≠ 0 (c = α·log|α|)
+    and the gated one only for α = ±1 (z·log|z| is odd).
     """
     _require(layer, (*_FACTORED, StaticQueryMLP), "rescaling_is_symmetry")
     if isinstance(layer, _GATED):
@@ -213,12 +235,17 @@ def rescaling_is_symmetry(layer, alpha) -> bool:
 
 
 def gauge_is_symmetry(layer, G, *, atol: float = 1e-12) -> bool:
-    """Whether the gauge transform by G must leave the layer's function unchanged.
+    """A sufficient condition for the gauge transform by G to leave the function unchanged.
 
-    Symmetric form: every invertible G. Gated form with linear σ: every G. Otherwise the
-    gated form keeps only G = P·D per slot (P a permutation of the rank components, D
-    diagonal) with every diagonal entry δ satisfying σ(δz) = δσ(z). The symmetrised
-    gated form follows the gated rule.
+    Symmetric form: ``True`` for every invertible G (exact). Gated form with linear σ:
+    ``True`` for every G. Otherwise ``True`` iff every slot's G is P·D (P a permutation
+    of the rank components, D diagonal) with every diagonal entry δ such that
+    σ(δz) = δσ(z) follows from σ's declared properties (:func:`scalar_rescaling_commutes`).
+    For a continuous, non-affine σ and slots whose 2r query and key vectors are linearly
+    independent, the gated form keeps exactly these G (chapter "Rank r"), so for the ten
+    named activations ``False`` means some weights change. The symmetrised gated form
+    gets the gated answer, a sufficient condition only: with σ(z) = z·log|z| it keeps
+    every invertible diagonal G, e.g. diag(2, −½, 3), where this returns ``False``.
     """
     _require(layer, _FACTORED, "gauge_is_symmetry")
     atol = tolerance(atol, "atol")

@@ -216,13 +216,21 @@ def symmetry_breakdown(layer: nn.Module) -> dict[str, int]:
 
     With m = d_hidden, d = d_model, r = rank, D = d(d+1)/2, ρ(a, b, k) = min(k, a, b):
 
-    - KeyValueMLP: homogeneous σ: m (k_j → c k_j, v_j → c⁻ᵖ v_j); linear σ: the fiber of
+    Here "homogeneous" means positively homogeneous of degree p (σ(cz) = cᵖσ(z) for c > 0,
+    ``Activation.homogeneity_degree``) and not linear; the theorems also need σ not to be a
+    polynomial, which holds for every named activation (the degree-p ones are ReLU, leaky
+    ReLU and squared ReLU). All other non-linear σ are counted as having no rescaling, which
+    the book proves for the six other named activations.
+
+    - KeyValueMLP: homogeneous σ: m (k_j → β k_j, v_j → β⁻ᵖ v_j); linear σ: the fiber of
       (K, V) ↦ KᵀV, m(d + d_out) − ρ(d + d_out − ρ) with ρ = min(m, d, d_out) (= m² when
       m ≤ min(d, d_out)); otherwise 0.
-    - StaticQueryMLP: d² (Q → QG, K → KG⁻ᵀ, for invertible Q) plus the key-value count.
+    - StaticQueryMLP: d² (W_Q → W_Q G, K → KG⁻ᵀ, for invertible W_Q) plus the key-value
+      count.
     - BilinearAttentionMLP: m·d(d−1)/2 (antisymmetric part of A_j), plus m for homogeneous
       σ, or for linear σ the fiber of (S, V) ↦ Σ_j S_j ⊗ v_j (m² when m ≤ min(D, d_out)).
-      ReLU-type σ needs every S_j indefinite (else the unit is dead or linear).
+      (S_j = sym(A_j).) ReLU-type σ needs every S_j indefinite (else the unit is dead or
+      linear).
     - SymmetricBilinearMLP: m·(2rd − dim of symmetric rank-min(2r, d) matrices), which is
       m·r(2r−1) (the group O(r, r)) when 2r ≤ d; plus m for non-linear homogeneous σ
       (needs every S_j indefinite, automatic for r < d; for r ≥ d a definite S_j makes a
@@ -231,8 +239,8 @@ def symmetry_breakdown(layer: nn.Module) -> dict[str, int]:
       2r < d and m ≤ min(d_out, D), m + m·max(0, m − 1 − k(k+1)/2) with k = d − 2r (the
       combinations of the other S_i that vanish on ker S_j); else no closed form here
       (ValueError).
-    - GatedMLP: m (K_j → cK_j, v_j → v_j/c) for every non-linear σ, plus m·r
-      (q → cq, k → c⁻ᵖk per component) for homogeneous σ; linear σ: as the symmetric form.
+    - GatedMLP: m (K_j → βK_j, v_j → v_j/β) for every non-linear σ, plus m·r
+      (q → βq, k → β⁻ᵖk per component) for homogeneous σ; linear σ: as the symmetric form.
     """
     _require_layer(layer)
     act = layer.activation
@@ -244,12 +252,12 @@ def symmetry_breakdown(layer: nn.Module) -> dict[str, int]:
         if kind == "linear":
             out[prefix + "GL mixing of slots (K, V) -> (GK, G^-T V)"] = _linear_mixing(m, d, do)
         elif kind == "homogeneous":
-            out[prefix + "positive rescaling k_j -> c k_j, v_j -> c^-p v_j"] = m
+            out[prefix + "positive rescaling k_j -> b k_j, v_j -> b^-p v_j"] = m
 
     if isinstance(layer, KeyValueMLP):
         kv_part()
     elif isinstance(layer, StaticQueryMLP):
-        out["absorbed query Q -> QG, K -> K G^-T"] = d * d
+        out["absorbed query W_Q -> W_Q G, K -> K G^-T"] = d * d
         kv_part("absorbed keys: ")
     elif isinstance(layer, BilinearAttentionMLP):
         D = d * (d + 1) // 2
@@ -257,14 +265,14 @@ def symmetry_breakdown(layer: nn.Module) -> dict[str, int]:
         if kind == "linear":
             out["mixing of slots (S, V)"] = _linear_mixing(m, D, do)
         elif kind == "homogeneous":
-            out["rescaling S_j -> c S_j, v_j -> c^-p v_j"] = m
+            out["rescaling S_j -> b S_j, v_j -> b^-p v_j"] = m
     elif isinstance(layer, SymmetricBilinearMLP) or (isinstance(layer, GatedMLP) and kind == "linear"):
         r = layer.rank
         D = d * (d + 1) // 2
         name = "O(r, r) acting on [Q_j; K_j]" if 2 * r <= d else "fiber of (Q_j, K_j) -> sym(Q_j^T K_j), 2r > d"
         out[name] = m * factor_fiber_dimension(r, d)
         if kind == "homogeneous":
-            out["rescaling S_j -> c S_j, v_j -> c^-p v_j"] = m
+            out["rescaling S_j -> b S_j, v_j -> b^-p v_j"] = m
         elif kind == "linear":
             if 2 * r >= d:
                 out["mixing of slots (S, V)"] = _linear_mixing(m, D, do)
@@ -275,14 +283,14 @@ def symmetry_breakdown(layer: nn.Module) -> dict[str, int]:
                         f"no closed form derived for linear σ with 2·rank < d_model and "
                         f"d_hidden > min(d_out, d(d+1)/2) = {min(do, D)}; got d_hidden={m}"
                     )
-                out["rescaling S_j -> c S_j, v_j -> v_j / c"] = m
+                out["rescaling S_j -> b S_j, v_j -> v_j / b"] = m
                 extra = m * max(0, m - 1 - k * (k + 1) // 2)
                 if extra:
                     out["mixing S_j -> S_j + sum_i c_ij S_i vanishing on ker S_j"] = extra
     elif isinstance(layer, GatedMLP):
-        out["key-value rescaling K_j -> c K_j, v_j -> v_j / c"] = m
+        out["key-value rescaling K_j -> b K_j, v_j -> v_j / b"] = m
         if kind == "homogeneous":
-            out["per component q -> c q, k -> c^-p k"] = m * layer.rank
+            out["per component q -> b q, k -> b^-p k"] = m * layer.rank
     return out
 
 

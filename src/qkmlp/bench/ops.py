@@ -1,7 +1,11 @@
 """Profiler op counts: how many dtype conversions and elementwise passes a call runs."""
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
+import tempfile
 from typing import Callable
 
 import torch
@@ -36,8 +40,9 @@ def op_counts(fn: Callable[[], object], min_numel: int = 0) -> dict:
 
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-        fn()
+    with _without_kineto_usdt_lines():
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            fn()
     events = prof.events()
     ops = Counter(e.name for e in events)
 
@@ -50,6 +55,47 @@ def op_counts(fn: Callable[[], object], min_numel: int = 0) -> dict:
     elem = sum(1 for e in events if e.name in ELEMENTWISE_OPS and big(e)
                and not (e.name == "aten::copy_" and _has_ancestor(e, conv_ids)))
     return {"conversions": conv, "elementwise": elem, "ops": dict(ops)}
+
+
+def _is_kineto_usdt_line(line: str) -> bool:
+    """Kineto's trace markers, e.g. ``USDT:2026-12-01 15:55:34 19645:19645
+    SyncActivityProfilerHandler.cpp:52] profiler_start`` (and ``profiler_stop``)."""
+    return line.startswith("USDT:") and ("profiler_start" in line or "profiler_stop" in line)
+
+
+@contextlib.contextmanager
+def _without_kineto_usdt_lines():
+    """Drop kineto's two ``USDT: ... profiler_start/stop`` lines from the C-level stderr.
+
+    libkineto writes them to std::cerr at every profile's start and stop, with the date,
+    PID and source line, at a severity above ERROR: its own threshold (``KINETO_LOG_LEVEL``)
+    can hide them only by hiding its errors too. So file descriptor 2 is pointed at a
+    temporary file for the duration of the profile, and everything written there except
+    those two lines is written back to ``sys.stderr`` afterwards: kineto's warnings and
+    errors still reach the user, one block later. Without a usable file descriptor 2 it
+    does nothing.
+    """
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    with tempfile.TemporaryFile() as capture:
+        try:
+            sys.stderr.flush()
+        except (AttributeError, ValueError):
+            pass
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            text = capture.read().decode("utf-8", errors="replace")
+            kept = [ln for ln in text.splitlines(keepends=True) if not _is_kineto_usdt_line(ln)]
+            if kept:
+                sys.stderr.write("".join(kept))
 
 
 def _has_ancestor(e, ids) -> bool:

@@ -5,10 +5,15 @@
   :mod:`~qkmlp.book.ch03_bilinear_attention`, :mod:`~qkmlp.book.ch04_rank_one`;
   ``python -m qkmlp.book static-query|product --out FILE`` reruns the stored studies of
   chapters 2 and 3.
+- :mod:`~qkmlp.book.ch07_symmetry_group`: the conditions the theorems of chapter 7 put on
+  weights and activations, checked at given weights.
+- :mod:`~qkmlp.book.ch10_cost`: chapter 10's verdict tables, laid out for a phone.
 - :mod:`qkmlp.book.figures`: the one plotting recipe (panels that read on every screen,
   SVG rows that wrap, HTML tables).
 - :mod:`qkmlp.book.widgets`: the live symmetry explorer of chapter 5 and the
   measurements behind it; :mod:`qkmlp.book.static_explorer`, its kernel-free HTML twin.
+- :mod:`qkmlp.book.source_archive`: the book's source as the archive the website ships
+  (``qkmlp-source.tar.gz``), written by the site's build.
 
 Import the modules by name (``from qkmlp.book import figures``); this package imports
 none of them, so each pulls in only what it needs (matplotlib and ipywidgets are loaded

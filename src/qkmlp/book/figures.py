@@ -14,6 +14,7 @@ Use::
     figures.show(fig)                         # or figures.show(fig1, fig2, ...)
 
     figures.table(["layer", "loss"], [["SwiGLU", 1.94], ...])   # an HTML table
+    figures.table(header, rows, lead=["comparison", "verdict"], stack_below=600)  # phone cards
 
 :func:`show` displays an HTML row of ``<img>`` elements with SVG data and closes the
 figures; outside IPython it returns the HTML string.
@@ -134,23 +135,96 @@ def _cell(value, digits: int) -> str:
     return html.escape(str(value))
 
 
+def _columns(header: list, names, what: str) -> list[int]:
+    """Indexes of the columns ``names`` (header texts or indexes) name, in that order."""
+    if isinstance(names, (str, int)):
+        names = [names]
+    out = []
+    for name in names:
+        if isinstance(name, bool) or not isinstance(name, (str, int)):
+            raise TypeError(f"{what} names columns by header text or index, got {name!r}")
+        if isinstance(name, int):
+            if not -len(header) <= name < len(header):
+                raise ValueError(f"{what}: column index {name} out of range for {len(header)} columns")
+            i = name % len(header)
+        else:
+            matches = [i for i, h in enumerate(header) if str(h) == name]
+            if not matches:
+                raise ValueError(f"{what}: no column {name!r}; the columns are {[str(h) for h in header]}")
+            i = matches[0]
+        if i in out:
+            raise ValueError(f"{what} names column {header[i]!r} twice")
+        out.append(i)
+    return out
+
+
+def _stack_style(cls: str, below: int) -> str:
+    """CSS that shows each row of ``.{cls}`` tables as a card under ``below`` px: the
+    first cell as its title, then one line per cell, its column's name before it."""
+    s = f".{cls} > table"
+    return (
+        f"<style>@media (max-width: {below - 0.02:g}px) {{"
+        f"{s}, {s} > tbody, {s} > tbody > tr, {s} > tbody > tr > td {{ display: block; width: 100%; }}"
+        f"{s} > thead {{ position: absolute; width: 1px; height: 1px; overflow: hidden; clip: rect(0 0 0 0); }}"
+        f"{s} > tbody > tr:nth-child(n) {{ border: 1px solid rgba(128, 128, 128, 0.35); border-radius: 0.4em;"
+        f" margin: 0 0 0.6em 0; padding: 0.25em 0.6em; background: none; }}"
+        f"{s} > tbody > tr > td {{ display: flex; justify-content: space-between; gap: 1em;"
+        f" border: none; padding: 0.15em 0; text-align: right; background: none; box-shadow: none; }}"
+        f"{s} > tbody > tr > td::before {{ content: attr(data-label); font-weight: 600; text-align: left; }}"
+        f"{s} > tbody > tr > td:first-child {{ justify-content: flex-start; font-weight: 600; text-align: left;"
+        f" border-bottom: 1px solid rgba(128, 128, 128, 0.25); padding-bottom: 0.25em; margin-bottom: 0.15em; }}"
+        f"{s} > tbody > tr > td:first-child::before {{ content: none; }}"
+        f"}}</style>"
+    )
+
+
 def table_html(header: Sequence[str], rows: Iterable[Sequence], *, digits: int = 4,
-               caption: Optional[str] = None) -> str:
+               caption: Optional[str] = None, lead: Sequence[str | int] = (),
+               nowrap: Sequence[str | int] = (), stack_below: Optional[int] = None) -> str:
     """A plain HTML table (scrolls sideways inside its own box if wider than the column).
 
     Floats are shown with ``digits`` significant digits; every row must have as many
     cells as ``header``. A ``caption`` sits above the scrolling box, in the page's width
     (inside the box it would scroll out of sight on a phone).
+
+    For a phone (the text column is 358 px wide at a 390 px window):
+
+    - ``lead``: columns (header texts or indexes) moved to the front, in this order, e.g.
+      ``lead=["comparison", "verdict"]``: what a reader needs first stays in view when
+      the rest scrolls.
+    - ``nowrap``: columns whose cells never wrap (an interval ``[0.01, 0.03]`` on one
+      line).
+    - ``stack_below``: under this window width (CSS px; 600 covers phones) each row is
+      shown as a card, its first cell (after ``lead``) as the title and every other cell
+      on a line of its own after its column's name, so nothing scrolls sideways. At or
+      above it the table is a table. The rule is a ``<style>`` block in the returned
+      HTML (the notebook's output carries it to the website).
     """
     header = list(header)
+    order = _columns(header, lead, "lead")
+    order += [i for i in range(len(header)) if i not in order]
+    keep = set(_columns(header, nowrap, "nowrap"))
+    if stack_below is not None and (isinstance(stack_below, bool) or not isinstance(stack_below, int)
+                                    or not 0 < stack_below <= 10_000):
+        raise ValueError(f"stack_below must be a window width in CSS px (an int in 1..10000) or None, "
+                         f"got {stack_below!r}")
+    labels = [html.escape(str(header[i]), quote=True) for i in order]
+    style = [' style="white-space:nowrap"' if i in keep else "" for i in order]
     body = []
-    for i, row in enumerate(rows):
+    for n, row in enumerate(rows):
         row = list(row)
         if len(row) != len(header):
-            raise ValueError(f"row {i} has {len(row)} cells; the header has {len(header)}")
-        body.append("<tr>" + "".join(f"<td>{_cell(v, digits)}</td>" for v in row) + "</tr>")
-    head = "<tr>" + "".join(f"<th>{html.escape(str(h))}</th>" for h in header) + "</tr>"
-    box = ('<div class="qk-table" style="overflow-x:auto;max-width:100%">'
+            raise ValueError(f"row {n} has {len(row)} cells; the header has {len(header)}")
+        cells = "".join(f'<td data-label="{label}"{st}>{_cell(row[i], digits)}</td>' if stack_below
+                        else f"<td{st}>{_cell(row[i], digits)}</td>"
+                        for i, label, st in zip(order, labels, style))
+        body.append(f"<tr>{cells}</tr>")
+    head = "<tr>" + "".join(f"<th{st}>{html.escape(str(header[i]))}</th>" for i, st in zip(order, style)) + "</tr>"
+    cls, extra = "qk-table", ""
+    if stack_below:
+        cls += f" qk-stack-{stack_below}"
+        extra = _stack_style(f"qk-stack-{stack_below}", stack_below)
+    box = (f'{extra}<div class="{cls}" style="overflow-x:auto;max-width:100%">'
            f'<table class="table"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table></div>')
     if not caption:
         return box
@@ -160,9 +234,11 @@ def table_html(header: Sequence[str], rows: Iterable[Sequence], *, digits: int =
 
 
 def table(header: Sequence[str], rows: Iterable[Sequence], *, digits: int = 4,
-          caption: Optional[str] = None):
+          caption: Optional[str] = None, lead: Sequence[str | int] = (),
+          nowrap: Sequence[str | int] = (), stack_below: Optional[int] = None):
     """Display :func:`table_html` in IPython (returns the HTML outside it)."""
-    out = table_html(header, rows, digits=digits, caption=caption)
+    out = table_html(header, rows, digits=digits, caption=caption, lead=lead, nowrap=nowrap,
+                     stack_below=stack_below)
     try:
         from IPython.display import HTML, display
     except ImportError:   # pragma: no cover

@@ -117,7 +117,9 @@ _PYDOC_CAUSE = (f"pydoc_data.topics differs between Python releases (17 of 79 to
                 f"patch releases); the pin was made with Python {PINNED_PYTHON}")
 
 
-#: The registry of named texts, by name.
+#: The registry of named texts, by name (the table above lists them).
+#:
+#: :meta hide-value:
 TEXTS: dict[str, TextSpec] = {s.name: s for s in (
     TextSpec("shakespeare_train", "training", "shakespeare",
              "Shakespeare's 29 training plays (chapter 8's split), sorted by file name",

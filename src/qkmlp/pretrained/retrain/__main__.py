@@ -1,0 +1,101 @@
+"""``python -m qkmlp.pretrained.retrain``: run (or resume) the retraining grid, write its results.
+
+Each finished run is written at once as its own record file (``--records``); the
+results file (``--out``) is assembled from the records at the end, or at any time with
+``--assemble`` (nothing is trained then; ``--allow-missing`` writes a partial file).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+_BOOK = Path("book/data/pretrained")
+
+
+def _parse_part(s: str) -> tuple:
+    try:
+        k, n = (int(v) for v in s.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--part must look like k/n (e.g. 1/2), got {s!r}") from None
+    if not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f"--part k/n needs 1 <= k <= n, got {s!r}")
+    return k, n
+
+
+def smollm2_grid(cfg: dict, records: Path, checkpoints, part, progress: bool, log):
+    """A :class:`~qkmlp.pretrained.retrain.grid.Grid` over SmolLM2-135M and the pinned texts."""
+    from ..loading import GGUF_NAME, PACKAGE, file_sha256, gguf_path, load_smollm2
+    from ..texts import sha256_of, text
+    from .grid import Grid
+
+    names = cfg["train_texts"] + cfg["validation_texts"] + cfg["heldout_texts"]
+    texts = {n: text(n) for n in names}                     # checked against the pins
+    dtype = getattr(torch, cfg["dtype"])
+    model_id = f"{PACKAGE}/{GGUF_NAME}@sha256:{file_sha256(gguf_path())}/{cfg['dtype']}"
+    return Grid(cfg, lambda: load_smollm2(dtype), texts, model_id=model_id,
+                texts_sha={n: sha256_of(s) for n, s in texts.items()}, records=records,
+                checkpoints=checkpoints, part=part, progress=progress, log=log)
+
+
+def main(argv=None) -> int:
+    from ..loading import cache_root
+    from .grid import SIZES, assemble, config, save
+
+    p = argparse.ArgumentParser(prog="python -m qkmlp.pretrained.retrain", description=__doc__.split("\n")[0])
+    p.add_argument("--size", default="default", choices=sorted(SIZES), help="the configuration (default: the book's)")
+    p.add_argument("--out", type=Path, help="results file (default: book/data/pretrained/retrain.json for the "
+                   "default size, else the cache folder)")
+    p.add_argument("--records", type=Path, help="folder of per-run records (default: "
+                   "book/data/pretrained/retrain_runs for the default size, else the cache folder)")
+    p.add_argument("--checkpoints", type=Path, help="folder for checkpoints of runs in progress "
+                   "(default: ~/.cache/qkmlp/retrain/checkpoints)")
+    p.add_argument("--arms", nargs="+", help="run only these arms (the control is always kept)")
+    p.add_argument("--seeds", nargs="+", type=int, help="evaluation seeds (default: the config's)")
+    p.add_argument("--part", type=_parse_part, default=(1, 1), help="k/n: this process's share of each phase")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads")
+    p.add_argument("--assemble", action="store_true", help="only assemble the results file from the records")
+    p.add_argument("--allow-missing", action="store_true", help="assemble even if some main runs are missing")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    overrides = {}
+    if args.seeds:
+        overrides["seeds"] = args.seeds
+    cfg = config(args.size, **overrides)
+    if args.arms:
+        keep = set(args.arms) | {"gated"}
+        cfg["arm_blocks"] = [[a for a in b if a in keep] for b in cfg["arm_blocks"]]
+        cfg["arm_blocks"] = [b for b in cfg["arm_blocks"] if b]
+        cfg = config(args.size, **{**overrides, "arm_blocks": cfg["arm_blocks"]})
+    here = cache_root() / "retrain"
+    records = args.records or (_BOOK / "retrain_runs" if args.size == "default" else here / f"{args.size}_runs")
+    out = args.out or (_BOOK / "retrain.json" if args.size == "default" else here / f"{args.size}.json")
+    checkpoints = args.checkpoints or here / "checkpoints"
+
+    def log(msg):
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    command = "python -m qkmlp.pretrained.retrain " + shlex.join(sys.argv[1:] if argv is None else argv)
+    grid = smollm2_grid(cfg, records, checkpoints, args.part, not args.no_progress, log)
+    log(f"threads {torch.get_num_threads()}, run key {grid.key}, records in {records}")
+    if not args.assemble:
+        grid.run()
+        if grid.computed:
+            log("new record files (commit them):\n  git add " + " \\\n    ".join(grid.computed))
+    if args.part[0] == 1 or args.assemble:
+        results = assemble(grid, command=command, allow_missing=args.allow_missing)
+        log(f"wrote {save(results, out)} ({len(results['runs'])} runs, {len(results['meta']['missing'])} missing)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,74 @@
+"""qkmlp.book.ch07_symmetry_group: the conditions of chapter 7's theorems, checked at
+given weights, against cases whose answer is known without the search."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from qkmlp import get_activation
+from qkmlp.book.ch07_symmetry_group import asymptotes, cone_points, cones_separated
+
+F64 = torch.float64
+
+
+def _sym(A):
+    return (A + A.transpose(-1, -2)) / 2
+
+
+def test_cone_points_lie_on_their_cone_and_off_the_others():
+    gen = torch.Generator().manual_seed(0)
+    S = _sym(torch.randn(4, 5, 5, generator=gen, dtype=F64))
+    points = cone_points(S)
+    assert all(p is not None for p in points) and cones_separated(S)
+    for j, x in enumerate(points):
+        forms = torch.einsum("d,mde,e->m", x, S, x)
+        assert abs(forms[j]) < 1e-10 and math.isclose(x.norm().item(), 1.0)
+        assert (x @ S[j]).norm() > 1e-3
+        assert (torch.cat([forms[:j], forms[j + 1:]]).abs() > 1e-6).all()
+
+
+def test_definite_or_repeated_slots_are_not_separated():
+    gen = torch.Generator().manual_seed(1)
+    S = _sym(torch.randn(3, 4, 4, generator=gen, dtype=F64))
+    definite = S.clone()
+    definite[1] = torch.eye(4, dtype=F64) + 0.1 * S[1]        # positive definite
+    assert torch.linalg.eigvalsh(definite[1]).min() > 0
+    pts = cone_points(definite)
+    assert pts[1] is None and pts[0] is not None
+    repeated = S.clone()
+    repeated[2] = 3.0 * repeated[0]                           # the same cone twice
+    pts = cone_points(repeated)
+    assert pts[0] is None and pts[2] is None and pts[1] is not None
+    assert not cones_separated(repeated)
+
+
+def test_cone_points_rejects_bad_input():
+    with pytest.raises(ValueError, match="symmetric"):
+        cone_points(torch.randn(2, 3, 3, dtype=F64) + torch.triu(torch.ones(3, 3, dtype=F64)))
+    with pytest.raises(ValueError, match="shape"):
+        cone_points(torch.randn(3, 3, dtype=F64))
+    with pytest.raises(TypeError, match="floating"):
+        cone_points(torch.ones(1, 2, 2, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name,a,b", [
+    ("silu", (1.0, 0.0), (0.0, 0.0)), ("gelu", (1.0, 0.0), (0.0, 0.0)),
+    ("gelu_tanh", (1.0, 0.0), (0.0, 0.0)), ("softplus", (1.0, 0.0), (0.0, 0.0)),
+    ("tanh", (0.0, 0.0), (1.0, -1.0)), ("sigmoid", (0.0, 0.0), (1.0, 0.0)),
+])
+def test_asymptotes_of_the_six_smooth_activations(name, a, b):
+    near, far = asymptotes(get_activation(name), far=10.0), asymptotes(get_activation(name), far=30.0)
+    for got, want in ((far["a"], a), (far["b"], b)):
+        assert all(math.isclose(g, w, abs_tol=1e-9) for g, w in zip(got, want)), (got, want)
+    assert far["residual"] < 1e-5 and far["residual"] <= 1e-3 * near["residual"]   # exponential
+
+
+def test_asymptotes_of_relu_are_exact_and_bad_input_is_refused():
+    res = asymptotes(get_activation("relu"))
+    assert res["a"] == (1.0, 0.0) and res["residual"] == 0.0
+    with pytest.raises(ValueError, match="far"):
+        asymptotes(torch.tanh, far=float("inf"))
+    with pytest.raises(TypeError, match="callable"):
+        asymptotes(3.0)
