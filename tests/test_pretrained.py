@@ -567,6 +567,78 @@ def test_orbit_matched_interpolates_the_orbit_at_the_same_size():
     assert texts_table(res)[0]["loss"] == 1.0 and texts_table(res)[0]["se"] == 0.0
 
 
+def _two_text_results():
+    """Two texts, two layers, four windows: hand-made so every count is known."""
+    base = [1.0, 1.0, 1.0, 1.0]
+
+    def text(swap, none, all_swap=None):
+        t = {"base": base, "layer": {"swap": swap, "none": none}, "all": {"none": [2.0, 2.0, 3.0, 3.0]}}
+        if all_swap is not None:
+            t["all"]["swap"] = all_swap
+        return t
+
+    big = [1.9, 2.1, 2.0, 2.0]              # +1.0, clearly
+    small = [1.1, 1.0, 1.2, 1.1]            # +0.1
+    return {"config": {"main_text": "x", "texts": ["x", "y"]}, "model": {"n_layers": 2},
+            "texts": {"x": text([big, big], [small, small], all_swap=[3.0, 3.0, 3.0, 4.0]),
+                      "y": text([small, small], [big, small])}}
+
+
+def test_claim_by_text_counts_layers_per_text():
+    from qkmlp.pretrained.findings import claim_by_text
+
+    res = _two_text_results()
+    c = claim_by_text(res, "none", "swap")
+    # text x: swap (+1.0) costs more than none (+0.1) in both layers; text y: in neither
+    assert c["per_text"]["x"]["more"] == 2 and c["per_text"]["y"]["more"] == 0
+    assert c["per_text"]["y"]["n"] == 2 and c["holds"] == ["x"]
+    assert claim_by_text(res, "none", "swap", most=2)["holds"] == []      # 2 is not more than 2
+    assert claim_by_text(res, "none", "rescale:-1")["per_text"] == {}     # not priced per layer
+
+
+def test_all_layer_table_and_orbit_summary():
+    from qkmlp.pretrained.findings import all_layer_table, orbit_summary
+
+    res = _two_text_results()
+    tab = all_layer_table(res, ["none", "swap"])
+    se = math.sqrt(sum((d - 1.5) ** 2 for d in (1.0, 1.0, 2.0, 2.0)) / 3) / 2
+    assert tab["none"]["x"] == pytest.approx((1.5, se)) and tab["swap"]["y"] is None
+    assert tab["swap"]["x"] == pytest.approx((2.25, 0.25))     # changes 2, 2, 2, 3
+    orb = {"config": {"main_text": "t", "texts": ["t"]}, "model": {"n_layers": 2},
+           "texts": {"t": {"base": [1.0, 1.0],
+                           "layer": {"rescale:2": [[1.1, 1.1], [1.1, 1.1]], "rescale:-1": [[2.0, 2.0], [2.0, 2.0]],
+                                     "swap": [[1.5, 1.5], [1.1, 1.1]]},
+                           "local_change": [{"rescale:2": {"rest": 0.1}, "rescale:-1": {"rest": 1.0},
+                                             "swap": {"rest": math.sqrt(0.1)}}] * 2}}}
+    s = orbit_summary(orb, ["swap"])["swap"]
+    # the orbit costs sqrt(0.1) at size sqrt(0.1) in both layers: ratios 0.5/sqrt(.1), 0.1/sqrt(.1)
+    assert s["n"] == 2 and s["n_more"] == 1
+    assert s["median"] == pytest.approx(0.5 / math.sqrt(0.1)) and s["min"] == pytest.approx(0.1 / math.sqrt(0.1))
+    assert orbit_summary(orb, ["symmetrized"])["symmetrized"] == {"n": 0, "n_more": 0, "median": None,
+                                                                  "min": None, "max": None}
+
+
+def test_top_units_ranks_by_peak_over_the_layer_median():
+    from qkmlp.pretrained.findings import top_units
+
+    def unit(j, peak, rest, pos):
+        return {"unit": j, "peak": peak, "peak_rest": rest, "peak_positions": pos, "cos": 0.1 * j,
+                "corr_ab_rest": 0.0}
+
+    q = [0.0] * 9
+    inputs = [{"peak": {"quantiles": q[:4] + [2.0] + q[5:]}, "top_units": [unit(3, 100.0, 1.0, [0, 0, 5])]},
+              {"peak": {"quantiles": q[:4] + [10.0] + q[5:]}, "top_units": [unit(7, 300.0, 200.0, [4, 9, 0]),
+                                                                            unit(8, 20.0, 20.0, [1, 1, 1])]}]
+    res = {"config": {"main_text": "t"}, "texts": {"t": {"inputs": inputs}}}
+    top = top_units(res, 2)
+    # relative peaks: 100/2 = 50, 300/10 = 30, 20/10 = 2
+    assert [(u["layer"], u["unit"]) for u in top] == [(0, 3), (1, 7)]
+    assert top[0]["rel_peak"] == 50.0 and top[0]["rel_peak_rest"] == 0.5 and top[0]["at_position0"] == 2
+    assert top[1]["at_position0"] == 1 and top[1]["n_windows"] == 3
+    with pytest.raises(ValueError, match="positive int"):
+        top_units(res, 0)
+
+
 def test_report_means_and_standard_errors():
     base, other = [1.0, 2.0, 3.0, 4.0], [1.5, 2.0, 3.9, 4.2]
     d = [0.5, 0.0, 0.9, 0.2]

@@ -10,7 +10,9 @@ can check each computation against a hand-made results dict:
 - :func:`orbit_matched`: the size-matched comparison, every change of the exchange path
   priced against the scaling orbit at the same size of change;
 - :func:`across_texts`: a per-layer count on every text;
-- :func:`unit_findings`: the per-unit exchange, estimate against exact passes.
+- :func:`unit_findings`: the per-unit exchange, estimate against exact passes;
+- :func:`claim_by_text`, :func:`orbit_summary`, :func:`all_layer_table`, :func:`top_units`:
+  the chapter's tables, each from one call.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from .report import compare_layers, loss_change, text_results
 from .textrun import parse_key
 
 __all__ = ["texts_table", "layer_means", "layer_comparison", "orbit_points", "orbit_matched", "across_texts",
-           "unit_findings", "ranges"]
+           "unit_findings", "ranges", "claim_by_text", "orbit_summary", "all_layer_table", "top_units"]
 
 
 def texts_table(results: dict) -> list[dict]:
@@ -138,3 +140,72 @@ def ranges(values) -> tuple[float, float]:
     if not v:
         raise ValueError("no values")
     return min(v), max(v)
+
+
+def claim_by_text(results: dict, a: str, b: str, *, texts: Optional[Sequence[str]] = None,
+                  most: Optional[int] = None) -> dict:
+    """The claim "``b`` costs more than ``a`` in most layers" on every text that priced
+    both per layer: ``{"per_text": {text: {"n", "more", "sig_more", "sig_less"}}, "holds":
+    [texts]}``, counts of layers (:func:`layer_comparison`), and the claim holds on a text
+    when ``more`` exceeds ``most`` (default: half the layers compared, n // 2)."""
+    names = list(texts) if texts is not None else results["config"]["texts"]
+    per, holds = {}, []
+    for name in names:
+        layer = text_results(results, name)["layer"]
+        if a not in layer or b not in layer:
+            continue
+        c = layer_comparison(results, a, b, text=name)
+        per[name] = {"n": c["n"], "more": len(c["more"]), "sig_more": len(c["sig_more"]),
+                     "sig_less": len(c["sig_less"])}
+        if per[name]["more"] > (c["n"] // 2 if most is None else most):
+            holds.append(name)
+    return {"per_text": per, "holds": holds}
+
+
+def orbit_summary(results: dict, keys: Sequence[str] = ("toward_swap:0.25", "symmetrized", "swap"), *,
+                  text: Optional[str] = None) -> dict:
+    """Per key of :func:`orbit_matched`, over the layers where the ratio exists: ``n``
+    layers, ``n_more`` (cost above the orbit's at the same size), and the ``median``
+    (upper median for an even count), ``min`` and ``max`` of the ratio (``None`` if
+    ``n`` is 0)."""
+    rows = orbit_matched(results, keys, text=text)
+    out = {}
+    for k in keys:
+        v = sorted(r[k]["ratio"] for r in rows if k in r and r[k]["ratio"] is not None)
+        out[k] = {"n": len(v), "n_more": sum(x > 1 for x in v),
+                  "median": v[len(v) // 2] if v else None, "min": v[0] if v else None,
+                  "max": v[-1] if v else None}
+    return out
+
+
+def all_layer_table(results: dict, keys: Sequence[str], texts: Optional[Sequence[str]] = None) -> dict:
+    """``{key: {text: (mean, se) or None}}``: the loss change of each change applied to
+    every layer at once, on each text (``None`` where the text's plan did not run it)."""
+    names = list(texts) if texts is not None else results["config"]["texts"]
+    out = {}
+    for k in keys:
+        out[k] = {}
+        for name in names:
+            t = text_results(results, name)
+            out[k][name] = loss_change(t["base"], t["all"][k]) if k in t["all"] else None
+    return out
+
+
+def top_units(results: dict, n: int = 5, text: Optional[str] = None) -> list[dict]:
+    """The ``n`` units with the largest peak |σ(a)b| relative to the median peak of
+    their layer (the stored 50 % quantile), among each layer's stored top units:
+    ``layer``, ``unit``, ``rel_peak`` and ``rel_peak_rest`` (positions ≥ 1, same
+    median), ``at_position0`` (in how many windows the unit peaks at position 0),
+    ``n_windows``, ``cos`` and ``corr_ab_rest``."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    rows = []
+    for layer, r in enumerate(text_results(results, text)["inputs"]):
+        med = r["peak"]["quantiles"][4]
+        for u in r["top_units"]:
+            rows.append({"layer": layer, "unit": u["unit"], "rel_peak": u["peak"] / med,
+                         "rel_peak_rest": u["peak_rest"] / med,
+                         "at_position0": sum(p == 0 for p in u["peak_positions"]),
+                         "n_windows": len(u["peak_positions"]), "cos": u["cos"],
+                         "corr_ab_rest": u["corr_ab_rest"]})
+    return sorted(rows, key=lambda u: -u["rel_peak"])[:n]
