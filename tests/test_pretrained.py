@@ -530,6 +530,7 @@ def test_every_figure_draws_from_a_results_file(tiny_run):
              (plots.plot_offsets, {}), (plots.plot_residual_outliers, {}), (plots.plot_outlier_bins, {}),
              (plots.plot_outlier_bins, {"by": "cos", "text": "other"}),
              (plots_costs.plot_layer_costs, {"keys": ["none", "swap", "rescale:2"], "log": False}),
+             (plots_costs.plot_layer_costs, {"keys": ["none", "swap"], "log": "symlog"}),
              (plots_costs.plot_cost_vs_size, {"keys": ["swap", "symmetrized", "rescale:2"]}),
              (plots_costs.plot_alpha, {}), (plots_costs.plot_alpha, {"text": "other"}),
              (plots_costs.plot_texts, {"k": "swap", "versus": "none"}),
@@ -543,7 +544,20 @@ def test_every_figure_draws_from_a_results_file(tiny_run):
     negative = {"config": {"main_text": "t"}, "texts": {"t": {"base": [1.0, 1.0], "layer": {"swap": [[0.9, 0.95]]}}}}
     with pytest.raises(ValueError, match="log=False"):
         plots_costs.plot_layer_costs(negative, figures.panel()[1], ["swap"])
+    with pytest.raises(ValueError, match="symlog"):
+        plots_costs.plot_layer_costs(negative, figures.panel()[1], ["swap"], log="yes")
+    ax = plots_costs.plot_layer_costs(negative, figures.panel()[1], ["swap"], log="symlog")
+    assert ax.get_yscale() == "symlog"
     assert plots_costs.label("rescale:-1") == "α = −1" and plots_costs.label("swap") == "exchange q↔k"
+    # legends under the plot are figure legends that fit inside the panel (not clipped)
+    fig, ax = figures.panel(height=4.2)
+    plots_costs.plot_cost_vs_size(res, ax, ["swap", "toward_swap:0.25", "symmetrized", "rescale:2"])
+    assert ax.get_legend() is None and len(fig.legends) == 1
+    assert "¼ way to exchange" in [t.get_text() for t in fig.legends[0].get_texts()]
+    fig.canvas.draw()
+    box, legend = fig.bbox, fig.legends[0].get_window_extent()
+    assert box.x0 <= legend.x0 and legend.x1 <= box.x1 and box.y0 <= legend.y0
+    assert ax.get_window_extent().width > 0.6 * box.width     # the axes keep the panel's width
 
 
 def test_orbit_matched_interpolates_the_orbit_at_the_same_size():

@@ -15,11 +15,20 @@ import numpy as np
 from ..book import figures
 from .report import text_results
 
-__all__ = ["plot_alignment_spread", "plot_cos_histogram", "plot_mean_rows", "plot_rows_against_mean",
+__all__ = ["legend_below", "plot_alignment_spread", "plot_cos_histogram", "plot_mean_rows", "plot_rows_against_mean",
            "plot_balance_fixed", "plot_gate_inputs", "plot_silu_range", "plot_offsets", "plot_residual_outliers",
            "plot_outlier_bins"]
 
 C = figures.COLORS
+
+
+def legend_below(ax, ncol: int = 2):
+    """The axes' legend under the plot, spanning the figure's width (a figure legend at
+    ``"outside lower center"``: constrained layout then keeps the axes as wide as the
+    panel instead of shrinking them to the legend's width)."""
+    handles, labels = ax.get_legend_handles_labels()
+    return ax.figure.legend(handles, labels, loc="outside lower center", ncol=ncol, frameon=False,
+                            handlelength=1.2, handletextpad=0.4, columnspacing=0.8, borderaxespad=0.2)
 
 
 def _layers(results) -> np.ndarray:
@@ -169,7 +178,7 @@ def plot_offsets(results: dict, ax, texts: Optional[Sequence[str]] = None):
     ax.axhline(0, color=C[7], lw=0.8)
     ax.set_xlabel("layer")
     ax.set_ylabel("mean / sd over tokens")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
+    legend_below(ax)
     return ax
 
 
@@ -194,16 +203,16 @@ def plot_outlier_bins(results: dict, ax, by: str = "corr_ab", text: Optional[str
     unit) per bin of alignment (``by`` = "corr_ab": |corr(a, b)| on the tokens, or "cos"),
     all layers pooled, with position 0 (open markers) and without it (filled)."""
     bins = text_results(results, text)["alignment_bins"]
-    for suffix, fill, lab in (("all", "none", "with position 0"), ("rest", None, "positions ≥ 1")):
+    for suffix, fill, lab in (("all", "none", "with pos. 0"), ("rest", None, "pos. ≥ 1")):
         b = bins[f"{by}_{suffix}"]
         e = np.array(b["edges"])
         centres = (e[:-1] + e[1:]) / 2
         for field, col, mk in (("max", C[1], "^"), ("q99", C[2], "s")):
             y = np.array([np.nan if v is None else v for v in b[field]])
             ax.plot(centres, y, marker=mk, ms=4, color=col, mfc=fill if fill else col,
-                    ls="--" if suffix == "all" else "-", label=f"{'largest' if field == 'max' else '99th pct'}, {lab}")
+                    ls="--" if suffix == "all" else "-", label=f"{'max' if field == 'max' else '99 %'}, {lab}")
     ax.set_yscale("log")
     ax.set_xlabel("|corr(a, b)| on real tokens" if by == "corr_ab" else "|cos(q, k)|")
     ax.set_ylabel("peak |σ(a)b| / layer median")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
+    legend_below(ax)
     return ax

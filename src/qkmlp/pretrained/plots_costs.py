@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..book import figures
+from .plots import legend_below
 from .report import all_changes, loss_change, text_results
 from .textrun import parse_key
 
@@ -30,7 +31,7 @@ MARKER = {"none": "o", "swap": "s", "toward_swap:0.25": "s", "symmetrized": "D",
 
 #: Short labels of the interventions, as the figures and tables name them.
 LABELS = {
-    "none": "no MLP", "swap": "exchange q↔k", "toward_swap:0.25": "¼ of the way to the exchange",
+    "none": "no MLP", "swap": "exchange q↔k", "toward_swap:0.25": "¼ way to exchange",
     "symmetrized": "symmetrised (½ way)", "identity": "σ → identity", "linear": "σ → tangent z/2",
     "symmetric": "σ(ab)", "q4_noise": "one more 4-bit rounding",
 }
@@ -54,23 +55,28 @@ def _layer_series(results, k, text):
     return np.array(L), np.array([c[0] for c in ch]), np.array([c[1] for c in ch])
 
 
-def plot_layer_costs(results: dict, ax, keys: Sequence[str], *, text: Optional[str] = None, log: bool = True):
+def plot_layer_costs(results: dict, ax, keys: Sequence[str], *, text: Optional[str] = None, log=True):
     """Per layer, the held-out loss change (nats) of each intervention in ``keys`` (results
     keys such as ``"swap"`` or ``"rescale:-1"``), ± one standard error; on a log scale
-    (every change must then be positive) or a linear one."""
+    (``log=True``: every change must then be positive), a linear one (``False``) or a
+    symmetric log scale, linear within ±0.01 nats (``"symlog"``)."""
+    if log not in (True, False, "symlog"):
+        raise ValueError(f"log must be True, False or 'symlog', got {log!r}")
     for k in keys:
         L, m, s = _layer_series(results, k, text)
-        if log and (m <= 0).any():
+        if log is True and (m <= 0).any():
             raise ValueError(f"{k}: a log scale needs positive changes; use log=False")
         ax.errorbar(L, m, yerr=s, fmt=MARKER.get(k, "o") + "-", ms=3.5, lw=1, capsize=0,
                     color=COLOR.get(k, C[7]), label=label(k))
-    if log:
+    if log is True:
         ax.set_yscale("log")
     else:
         ax.axhline(0, color=C[7], lw=0.8)
+        if log == "symlog":
+            ax.set_yscale("symlog", linthresh=0.01)
     ax.set_xlabel("layer")
     ax.set_ylabel("Δ held-out loss (nats)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
+    legend_below(ax)
     return ax
 
 
@@ -98,7 +104,7 @@ def plot_cost_vs_size(results: dict, ax, keys: Sequence[str], *, text: Optional[
     ax.set_yscale("log")
     ax.set_xlabel("size: ‖Δf‖ / ‖f‖ on held-out tokens")
     ax.set_ylabel("Δ held-out loss (nats)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
+    legend_below(ax)
     return ax
 
 
@@ -119,7 +125,7 @@ def plot_alpha(results: dict, ax, *, text: Optional[str] = None):
     ax.set_yscale("log")
     ax.set_xlabel("|α| (every layer)")
     ax.set_ylabel("Δ held-out loss (nats)")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, frameon=False)
+    legend_below(ax)
     return ax
 
 
@@ -136,8 +142,9 @@ def plot_texts(results: dict, ax, k: str, *, versus: Optional[str] = None, texts
     ax.axhline(0, color=C[7], lw=0.8)
     ax.set_yscale("symlog", linthresh=0.01)
     ax.set_xlabel("layer")
-    ax.set_ylabel(f"Δ loss, {label(k)}" + (f" − {label(versus)}" if versus else "") + " (nats)")
-    ax.legend(loc="upper left")
+    ax.set_ylabel("Δ loss difference (nats)" if versus else "Δ held-out loss (nats)")
+    ax.set_title(label(k) + (f" minus {label(versus)}" if versus else ""))
+    legend_below(ax)
     return ax
 
 
