@@ -653,6 +653,28 @@ def test_top_units_ranks_by_peak_over_the_layer_median():
         top_units(res, 0)
 
 
+def test_unit_set_test_pairs_windows_and_corrects_across_layers():
+    from qkmlp.pretrained.findings import unit_set_test
+
+    def layer(closest, random_):
+        return {"sets": {"closest": {"losses": closest}, "random": {"losses": random_}}}
+
+    rnd = [1.0, 2.0, 3.0, 4.0, 5.0]
+    res = {"config": {"main_text": "t"}, "texts": {"t": {"units": {"layers": {
+        "7": layer([0.9, 1.9, 2.91, 3.9, 4.89], rnd),          # cheaper by ~0.1 in every window
+        "15": layer([1.2, 1.9, 3.1, 3.8, 5.0], rnd)}}}}}        # differences +.2 -.1 +.1 -.2 0
+    rows = unit_set_test(res)
+    assert [r["layer"] for r in rows] == [7, 15]
+    d = [c - r for c, r in zip([0.9, 1.9, 2.91, 3.9, 4.89], rnd)]
+    m = sum(d) / 5
+    assert rows[0]["mean"] == pytest.approx(m) and rows[0]["mean"] < 0
+    assert rows[0]["verdict"] == "cheaper" and rows[0]["significant"]
+    assert rows[1]["mean"] == pytest.approx(0.0, abs=1e-12) and rows[1]["verdict"] == "not resolved"
+    assert unit_set_test(res, "random", "closest")[0]["verdict"] == "costlier"
+    with pytest.raises(KeyError, match="farthest"):
+        unit_set_test(res, "farthest")
+
+
 def test_report_means_and_standard_errors():
     base, other = [1.0, 2.0, 3.0, 4.0], [1.5, 2.0, 3.9, 4.2]
     d = [0.5, 0.0, 0.9, 0.2]

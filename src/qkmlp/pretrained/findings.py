@@ -11,6 +11,7 @@ can check each computation against a hand-made results dict:
   priced against the scaling orbit at the same size of change;
 - :func:`across_texts`: a per-layer count on every text;
 - :func:`unit_findings`: the per-unit exchange, estimate against exact passes;
+  :func:`unit_set_test`: is one set of exchanged units cheaper than another;
 - :func:`claim_by_text`, :func:`orbit_summary`, :func:`all_layer_table`, :func:`top_units`:
   the chapter's tables, each from one call.
 """
@@ -19,11 +20,11 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from .report import compare_layers, loss_change, text_results
+from .report import compare_layers, holm, loss_change, paired_t, text_results
 from .textrun import parse_key
 
 __all__ = ["texts_table", "layer_means", "layer_comparison", "orbit_points", "orbit_matched", "across_texts",
-           "unit_findings", "ranges", "claim_by_text", "orbit_summary", "all_layer_table", "top_units"]
+           "unit_findings", "unit_set_test", "ranges", "claim_by_text", "orbit_summary", "all_layer_table", "top_units"]
 
 
 def texts_table(results: dict) -> list[dict]:
@@ -132,6 +133,29 @@ def unit_findings(results: dict, layer: int, text: Optional[str] = None) -> dict
     singles = [{"unit": s["unit"], "chosen": s["chosen"], "exact": loss_change(base, s["losses"])[0],
                 "predicted": s["predicted"]} for s in u.get("singles", [])]
     return {"sets": sets, "groups": groups, "singles": singles, "spearman": u["spearman"]}
+
+
+def unit_set_test(results: dict, a: str = "closest", b: str = "random", *, layers: Optional[Sequence[int]] = None,
+                  text: Optional[str] = None, level: float = 0.05) -> list[dict]:
+    """Per layer of the per-unit analysis (default: all stored): the exact loss of
+    exchanging unit set ``a`` against set ``b`` ("closest", "random", "farthest"), paired
+    over windows: ``layer``, ``mean`` and ``se`` of loss(a) − loss(b), the paired-t ``p``,
+    ``significant`` (Holm across the layers at ``level``) and ``verdict``: "cheaper",
+    "costlier" (significant) or "not resolved"."""
+    u = text_results(results, text)["units"]["layers"]
+    layers = sorted(int(l) for l in u) if layers is None else [int(l) for l in layers]
+    rows = []
+    for l in layers:
+        sets = u[str(l)]["sets"]
+        for name in (a, b):
+            if name not in sets:
+                raise KeyError(f"no unit set {name!r} in layer {l}; stored: {', '.join(sets)}")
+        t = paired_t(sets[b]["losses"], sets[a]["losses"])        # mean of a − b
+        rows.append({"layer": l, "mean": t["mean"], "se": t["se"], "p": t["p"]})
+    for r, sig in zip(rows, holm([r["p"] for r in rows], level) if rows else []):
+        r["significant"] = sig
+        r["verdict"] = ("cheaper" if r["mean"] < 0 else "costlier") if sig else "not resolved"
+    return rows
 
 
 def ranges(values) -> tuple[float, float]:
