@@ -177,7 +177,7 @@ def plot_unit_groups(results: dict, ax, layer: int, *, text: Optional[str] = Non
     ax.plot(idx, exact, "s--", color=C[1], ms=4, label="exact, units exchanged together")
     ax.axhline(0, color=C[7], lw=0.8)
     ax.set_yscale("symlog", linthresh=1e-3)
-    ax.set_xlabel(f"group of layer {layer}'s units (cheapest estimate first)")
+    ax.set_xlabel(f"layer {layer}: groups, cheapest estimate first")
     ax.set_ylabel("Δ held-out loss (nats)")
     ax.legend(loc="upper left")
     return ax
