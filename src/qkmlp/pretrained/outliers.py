@@ -23,8 +23,9 @@ from ..layers import GatedMLP
 
 __all__ = ["MASSIVE_ABS", "MASSIVE_RATIO", "is_massive", "residual_outliers", "unit_peaks"]
 
-#: Sun et al.'s thresholds: |entry| > 100 and |entry| ≥ 1000 × the median |entry|.
+#: Sun et al.'s absolute threshold: a massive entry has |entry| > 100 ...
 MASSIVE_ABS = 100.0
+#: ... and |entry| ≥ 1000 × the median |entry|.
 MASSIVE_RATIO = 1000.0
 
 

@@ -34,7 +34,7 @@ from .probes import gauge_statistics, weight_probes
 from .surgery import decoder_layers, gated_mlps, mlps_replaced, q4_steps, with_q4_noise
 from .textrun import expand, key, layer_part, merge, prepare, spearman, unit_part
 
-__all__ = ["PROMPTS", "TEXTS", "ALPHAS_ALL", "ALPHAS_LAYER", "TOWARD_SWAP", "LAYER_KINDS", "ALL_KINDS",
+__all__ = ["PROMPTS", "TEXTS", "ALPHAS_ALL", "ALPHAS_LAYER", "TOWARD_SWAP", "LAYER_KINDS", "ALL_KINDS", "OTHER_PLAN",
            "run", "model_part", "generations", "logit_check", "spearman", "key", "default_unit_layers"]
 
 PROMPTS = ("The capital of France is", "def fibonacci(n):", "Water boils at a temperature of")
