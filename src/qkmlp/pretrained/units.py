@@ -88,7 +88,7 @@ def unit_swap_costs(layer: GatedMLP, x: torch.Tensor, grad: torch.Tensor) -> dic
     - ``predicted`` (m,): the first-order change of the mean window loss when unit j alone
       is exchanged, mean_i Σ_t grad_it·v_j Δ_itj;
     - ``predicted_windows`` (n, m): the same per window;
-    - ``local`` (m,) and ``local_rest`` (m,): ‖Δ_·j‖·‖v_j‖ / ‖f(x)‖, the size of unit j's
+    - ``local`` (m,) and ``local_rest`` (m,): ‖Δ[·, j]‖·‖v_j‖ / ‖f(x)‖, the size of unit j's
       change relative to the layer's output, over all positions and over positions ≥ 1.
     """
     q, k = _qk(layer)
