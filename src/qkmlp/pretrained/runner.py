@@ -1,71 +1,67 @@
-"""The chapter's analysis of SmolLM2-135M, stored as JSON with provenance.
+"""The chapter's analysis of a gated language model, stored as JSON with provenance.
 
-``python -m qkmlp.pretrained --out book/data/pretrained/smollm2.json`` runs :func:`run`:
+``python -m qkmlp.pretrained --out book/data/pretrained/smollm2.json`` runs :func:`run`
+on SmolLM2-135M (any other local checkpoint with ``--model``):
 
 1. greedy generations of a few prompts, by the original model and with every MLP
-   replaced by :class:`~qkmlp.GatedMLP` (:func:`~qkmlp.pretrained.surgery.use_gated_mlps`),
-   and the largest logit difference between the two in float32 and in float64;
-2. the pair geometry of every layer (:mod:`qkmlp.pretrained.anatomy`) and the statistics
-   of its real inputs on the held-out windows;
-3. the held-out loss of every intervention: per layer (the other layers untouched) and
-   in all layers at once, stored per window so that means and standard errors can be
-   recomputed (:mod:`qkmlp.pretrained.report`).
+   replaced by :class:`~qkmlp.GatedMLP`, and the largest logit difference between the
+   two in float32 and in float64 (:func:`model_part`);
+2. the weights: the pair geometry of every layer, the weight-space probes of the gate's
+   bias and the up/down gauge (:mod:`~qkmlp.pretrained.probes`), and the 4-bit grid;
+3. on each held-out text (:mod:`~qkmlp.pretrained.texts`, each pinned by the SHA-256 of
+   its characters), the jobs of :mod:`~qkmlp.pretrained.textrun`: the statistics of every
+   MLP's real inputs with position 0 kept apart, the size of every intervention, its
+   held-out loss per layer and in all layers at once, and the per-unit exchange.
 
-The per-layer interventions reuse the residual stream recorded on the unchanged model
-(:func:`~qkmlp.pretrained.heldout.tail_losses`): a change in layer l only reruns layers
-l and later.
+Every loss is stored per window, so means and standard errors can be recomputed
+(:mod:`qkmlp.pretrained.report`). The jobs are independent; ``jobs`` > 1 runs them in
+that many worker processes (one torch thread each), each loading the model itself.
 """
 from __future__ import annotations
 
-import math
-import os
+import hashlib
 import platform
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence, Union
 
 import torch
 
 from .. import __version__
-from ..symmetry import relative_change
-from .anatomy import alignment_bins, cos_histogram, input_statistics, pair_geometry, shuffled_pairs, summarise
-from .heldout import heldout_windows, layer_inputs, pydoc_topics_text, tail_losses, window_losses
-from .loading import GGUF_NAME, PACKAGE, file_sha256, gguf_path, load_smollm2
-from .surgery import decoder_layers, gated_mlps, mlps_replaced, q4_steps, replace_mlps, variant, with_q4_noise
+from .anatomy import cos_histogram, pair_geometry, shuffled_pairs, summarise
+from .heldout import heldout_windows
+from .probes import gauge_statistics, weight_probes
+from .surgery import decoder_layers, gated_mlps, mlps_replaced, q4_steps, with_q4_noise
+from .textrun import expand, key, layer_part, merge, prepare, spearman, unit_part
 
-__all__ = ["PROMPTS", "ALPHAS_ALL", "ALPHAS_LAYER", "LAYER_KINDS", "ALL_KINDS", "run",
-           "generations", "logit_check", "spearman"]
+__all__ = ["PROMPTS", "TEXTS", "ALPHAS_ALL", "ALPHAS_LAYER", "TOWARD_SWAP", "LAYER_KINDS", "ALL_KINDS", "OTHER_PLAN",
+           "run", "model_part", "generations", "logit_check", "spearman", "key", "default_unit_layers"]
 
 PROMPTS = ("The capital of France is", "def fibonacci(n):", "Water boils at a temperature of")
+#: The held-out texts of the stored analysis (names of :data:`qkmlp.pretrained.texts.TEXTS`):
+#: Python's documentation, Shakespeare's test plays, Python source. The first is the main one.
+TEXTS = ("pydoc_topics", "shakespeare_test", "python_test")
 #: α of the inverse scaling q → αq, k → k/α applied to all layers at once.
 ALPHAS_ALL = tuple(sorted(s * 2.0 ** (k / 2) for s in (-1.0, 1.0) for k in range(-4, 5)))
 #: α applied to one layer at a time.
-ALPHAS_LAYER = (0.5, 2.0)
-#: Interventions applied to one layer at a time (``rescale`` once per α of ALPHAS_LAYER).
-LAYER_KINDS = ("none", "swap", "rescale", "identity", "linear", "symmetrized", "symmetric")
-#: Interventions applied to every layer at once (``rescale`` once per α of ALPHAS_ALL).
-ALL_KINDS = ("none", "swap", "rescale", "identity", "linear", "symmetrized", "symmetric")
+ALPHAS_LAYER = (-2.0, -1.0, -0.5, 0.5, 2.0)
+#: t of the path (1 − t)·layer + t·exchange (t = ½ is the symmetrised layer, 1 the exchange).
+TOWARD_SWAP = (0.25,)
+#: Interventions applied to one layer at a time (main text; ``rescale`` once per α of
+#: ALPHAS_LAYER, ``toward_swap`` once per t of TOWARD_SWAP) and to every layer at once.
+LAYER_KINDS = ("none", "swap", "toward_swap", "symmetrized", "symmetric", "rescale")
+ALL_KINDS = ("none", "swap", "toward_swap", "symmetrized", "symmetric", "identity", "linear", "rescale")
+#: The smaller plan of the other texts (to fit a shared CPU): per layer the removal, the
+#: exchange and α = −1, 2; in all layers every form and α = ±½, ±1, ±2.
+OTHER_PLAN = {"layer_kinds": ["none", "swap", "rescale"], "alphas_layer": [-1.0, 2.0],
+              "toward_swap": [], "all_kinds": ["none", "swap", "symmetrized", "symmetric", "identity", "linear",
+                                               "rescale"],
+              "alphas_all": [-2.0, -1.0, -0.5, 0.5, 1.0, 2.0], "unit_groups": 0, "unit_singles": 0}
 
 
-def _expand(kinds, alphas):
-    out = []
-    for k in kinds:
-        out += [(k, a) for a in alphas] if k == "rescale" else [(k, None)]
-    return out
-
-
-def _key(kind, alpha) -> str:
-    return kind if alpha is None else f"rescale:{alpha:g}"
-
-
-def spearman(x: torch.Tensor, y: torch.Tensor) -> float:
-    """Spearman rank correlation of two 1-D tensors (no ties expected)."""
-    if x.shape != y.shape or x.dim() != 1 or x.numel() < 3:
-        raise ValueError("spearman needs two 1-D tensors of the same length >= 3")
-    rx = x.double().argsort().argsort().double()
-    ry = y.double().argsort().argsort().double()
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    return float((rx * ry).sum() / (rx.norm() * ry.norm()))
+def default_unit_layers(n_layers: int) -> list[int]:
+    """The layers of the per-unit analysis: a quarter, half and three quarters deep."""
+    return sorted({n_layers // 4, n_layers // 2, (3 * n_layers) // 4})
 
 
 @torch.no_grad()
@@ -95,8 +91,71 @@ def logit_check(model, ids: torch.Tensor) -> dict:
             "argmax_agree": bool((new.argmax(-1) == ref.argmax(-1)).all())}
 
 
+def _weights(g, gen) -> list[dict]:
+    out = []
+    for layer in g:
+        geo = pair_geometry(layer)
+        sh = shuffled_pairs(layer, gen)
+        out.append({
+            "cos": summarise(geo["cos"]), "cos_hist": cos_histogram(geo["cos"]),
+            "shuffled_cos": summarise(sh["cos"]), "shuffled_cos_hist": cos_histogram(sh["cos"]),
+            "shuffled_balance": summarise(sh["balance"]),
+            "frac_abs_cos_above": {str(t): float((geo["cos"].abs() > t).double().mean()) for t in (0.2, 0.5)},
+            "shuffled_frac_abs_cos_above": {str(t): float((sh["cos"].abs() > t).double().mean())
+                                            for t in (0.2, 0.5)},
+            "probes": weight_probes(layer), "gauge": gauge_statistics(layer, gen),
+        })
+    return out
+
+
+@torch.no_grad()
+def model_part(model, tokenizer, ids: torch.Tensor, *, prompts: Sequence[str], max_new_tokens: int,
+               seed: int = 0) -> dict:
+    """Generations, the logit check in float32 and float64 on ``ids`` (one window), the
+    weight anatomy of every layer and the 4-bit grid of the MLP weights."""
+    original = generations(model, tokenizer, prompts, max_new_tokens)
+    with mlps_replaced(model, dict(enumerate(gated_mlps(model)))):
+        swapped_in = generations(model, tokenizer, prompts, max_new_tokens)
+    out = {"generation": [{"prompt": o["prompt"], "original": o["text"], "gated": s["text"],
+                           "same_ids": o["ids"] == s["ids"]} for o, s in zip(original, swapped_in)]}
+    out["logits"] = {"float32": logit_check(model, ids)}
+    dtype = next(model.parameters()).dtype
+    model.double()
+    try:
+        out["logits"]["float64"] = logit_check(model, ids)
+    finally:
+        model.to(dtype)
+    gen = torch.Generator().manual_seed(seed)
+    g = gated_mlps(model)
+    out["weights"] = _weights(g, gen)
+    distinct, step_rel = 0, []
+    for layer in g:
+        for w in (layer.query[:, 0], layer.key[:, 0], layer.value.T):
+            if w.shape[1] % 32:
+                distinct = None
+                break
+            step, nd = q4_steps(w)
+            distinct = max(distinct, int(nd.max()))
+            step_rel.append(float(step.mean() / w.pow(2).mean().sqrt()))
+        if distinct is None:
+            break
+    q = {"max_distinct_per_block": distinct}
+    if distinct is not None and distinct <= 16:            # the weights sit on a 4-bit grid
+        noise_rel, dcos = [], []
+        for layer in g:
+            noisy = with_q4_noise(layer, gen)
+            noise_rel.append(float((noisy.query - layer.query).norm() / layer.query.norm()))
+            dcos.append(pair_geometry(noisy)["cos"] - pair_geometry(layer)["cos"])
+        q.update({"mean_step_over_rms": sum(step_rel) / len(step_rel),
+                  "noise_rel_norm_query": sum(noise_rel) / len(noise_rel), "cos_change": summarise(torch.cat(dcos))})
+    out["quantisation"] = q
+    return out
+
+
 def _versions() -> dict:
     from importlib import metadata
+
+    from .loading import PACKAGE
 
     out = {"python": platform.python_version(), "torch": torch.__version__}
     for name in ("transformers", "gguf", "accelerate", "safetensors", "tokenizers", PACKAGE):
@@ -107,174 +166,242 @@ def _versions() -> dict:
     return out
 
 
-def _progress(total: int, enabled: bool, desc: str):
-    from tqdm.auto import tqdm
+def _text_of(name: str, texts: Mapping[str, str]) -> tuple[str, dict]:
+    from . import texts as T
 
-    return tqdm(total=total, disable=not enabled, desc=desc, file=sys.stderr, mininterval=5)
+    if name in texts:
+        s = texts[name]
+        if name in T.TEXTS and T.sha256_of(s) == T.text_sha256(name):
+            return s, T.describe(name)
+        return s, {"name": name, "role": "custom", "genre": "custom", "description": "a text given to run()",
+                   "sha256": T.sha256_of(s), "n_chars": len(s)}
+    return T.text(name), T.describe(name)
+
+
+def _windows_sha256(ids: torch.Tensor) -> str:
+    return hashlib.sha256(ids.to(torch.int64).numpy().tobytes()).hexdigest()
+
+
+# --- jobs --------------------------------------------------------------------------------------
+
+class _JobCache:
+    """Finished jobs as JSON files in a folder, keyed by the job, the model's source, the
+    texts given as strings and the code's commit (a job of other code is not reused)."""
+
+    def __init__(self, folder, source, commit, custom):
+        from pathlib import Path
+
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.salt = {"source": source, "commit": commit,
+                     "custom": {k: hashlib.sha256(v.encode()).hexdigest() for k, v in custom.items()}}
+
+    def _path(self, job):
+        import json
+
+        blob = json.dumps({"job": job, "salt": self.salt}, sort_keys=True, default=str)
+        name = f"{job['kind']}-{job.get('text') or 'model'}-{hashlib.sha256(blob.encode()).hexdigest()[:16]}.json"
+        return self.folder / name
+
+    def get(self, job):
+        import json
+
+        p = self._path(job)
+        if not p.is_file():
+            return None
+        d = json.loads(p.read_text())
+        if d["kind"] in ("layers",):          # JSON turned the layer indices into strings
+            d["result"]["layer"] = {k: {int(l): v for l, v in rows.items()} for k, rows in d["result"]["layer"].items()}
+        if "layers" in d["result"] and d["kind"] == "units":
+            d["result"]["layers"] = {int(l): v for l, v in d["result"]["layers"].items()}
+        return d["result"], d["timing"]
+
+    def put(self, job, output):
+        import json
+
+        result, timing = output
+        p = self._path(job)
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"kind": job["kind"], "result": result, "timing": timing}))
+        tmp.replace(p)
+
+
+_WORKER: dict = {}
+
+
+def _worker_model(model_path, dtype):
+    k = (str(model_path), str(dtype))
+    if _WORKER.get("key") != k:
+        from .loading import load_model
+
+        _WORKER.clear()
+        _WORKER["key"] = k
+        _WORKER["model"], _WORKER["tokenizer"] = load_model(model_path, dtype=dtype)[:2]
+    return _WORKER["model"], _WORKER["tokenizer"]
+
+
+def _do(job: dict, model, tokenizer, custom: Mapping[str, str]) -> dict:
+    c = job["config"]
+    start, start_cpu = time.perf_counter(), time.process_time()
+    if job["kind"] == "model":
+        s, _ = _text_of(c["texts"][0], custom)
+        ids = heldout_windows(tokenizer, 1, c["length"], s, bos=c["bos"])
+        res = model_part(model, tokenizer, ids, prompts=c["prompts"], max_new_tokens=c["max_new_tokens"],
+                         seed=c["seed"])
+    else:
+        s, _ = _text_of(job["text"], custom)
+        ids = heldout_windows(tokenizer, c["n_windows"], c["length"], s, bos=c["bos"])
+        plan = c["plans"]["main" if job["text"] == c["main_text"] else "other"]
+        layer_kinds = expand(plan["layer_kinds"], {"rescale": plan["alphas_layer"], "toward_swap": plan["toward_swap"]})
+        if job["kind"] == "prepare":
+            all_kinds = expand(plan["all_kinds"], {"rescale": plan["alphas_all"], "toward_swap": plan["toward_swap"]})
+            full = c["plans"]["main"]           # sizes are cheap: every text gets the main plan's
+            local = expand(full["layer_kinds"], {"rescale": full["alphas_layer"] + full["alphas_all"],
+                                                 "toward_swap": full["toward_swap"]})
+            local = list(dict.fromkeys(local + all_kinds))
+            res = prepare(model, ids, batch_size=c["batch_size"], local_kinds=local, all_kinds=all_kinds,
+                          gen_seed=c["seed"], q4_noise=job.get("q4_noise", False))
+        elif job["kind"] == "layers":
+            res = layer_part(model, ids, job["layers"], layer_kinds, batch_size=c["batch_size"])
+        elif job["kind"] == "units":
+            res = unit_part(model, ids, c["unit_layers"], batch_size=c["batch_size"], seed=c["seed"],
+                            n_groups=plan["unit_groups"], n_single=plan["unit_singles"])
+        else:
+            raise ValueError(f"unknown job kind {job['kind']!r}")
+    timing = {"kind": job["kind"], "text": job.get("text"), "layers": job.get("layers"),
+              "wall_s": time.perf_counter() - start, "cpu_s": time.process_time() - start_cpu}
+    print(f"[{time.strftime('%H:%M:%S')}] done {job['kind']} {job.get('text', '')} "
+          f"{job.get('layers', '')} in {timing['wall_s']:.0f} s", file=sys.stderr, flush=True)
+    return res, timing
+
+
+def _pool_job(job: dict, model_path, dtype_name: str, threads: int, custom: Mapping[str, str]) -> dict:
+    torch.set_num_threads(threads)
+    model, tok = _worker_model(model_path, getattr(torch, dtype_name))
+    return _do(job, model, tok, custom)
 
 
 @torch.no_grad()
-def run(*, n_windows: int = 8, length: int = 128, batch_size: int = 4,
+def run(*, model=None, tokenizer=None, model_path=None, texts: Union[Sequence[str], Mapping[str, str]] = TEXTS,
+        n_windows: int = 8, length: int = 128, batch_size: int = 4, bos: Optional[bool] = None,
         alphas_all: Sequence[float] = ALPHAS_ALL, alphas_layer: Sequence[float] = ALPHAS_LAYER,
-        layer_kinds: Sequence[str] = LAYER_KINDS, all_kinds: Sequence[str] = ALL_KINDS,
-        layers: Optional[Sequence[int]] = None, prompts: Sequence[str] = PROMPTS,
-        max_new_tokens: int = 16, seed: int = 0, progress: bool = True, model=None,
-        tokenizer=None, command: Optional[str] = None) -> dict:
+        toward_swap: Sequence[float] = TOWARD_SWAP, layer_kinds: Sequence[str] = LAYER_KINDS,
+        all_kinds: Sequence[str] = ALL_KINDS, layers: Optional[Sequence[int]] = None,
+        unit_layers: Optional[Sequence[int]] = None, prompts: Sequence[str] = PROMPTS,
+        max_new_tokens: int = 16, seed: int = 0, jobs: int = 1, layer_parts: Optional[int] = None,
+        other_plan: Optional[dict] = None, cache=None, progress: bool = True,
+        command: Optional[str] = None) -> dict:
     """Run the whole analysis and return it as a JSON-ready dict.
 
-    ``layers`` restricts the per-layer interventions (default: all). ``model`` and
-    ``tokenizer`` default to :func:`load_smollm2` (float32); the tests pass a tiny
-    random Llama instead (the ``source`` entry is then ``None``).
+    The model is ``model`` and ``tokenizer`` if given (the tests pass a tiny random one;
+    ``source`` is then ``None``), else :func:`~qkmlp.pretrained.loading.load_model` of
+    ``model_path`` (``None``: SmolLM2-135M). ``texts`` are names of
+    :data:`qkmlp.pretrained.texts.TEXTS` or a mapping name -> string (pinned by the
+    SHA-256 of its characters in the result). ``bos`` (default: when the tokenizer has a
+    beginning-of-sequence token) starts every window with it. ``layers`` restricts the
+    per-layer interventions (default: all); ``unit_layers`` are the layers of the per-unit
+    analysis (default :func:`default_unit_layers`, ``[]`` for none). The first text gets
+    the full plan (the arguments), the others ``other_plan`` (default :data:`OTHER_PLAN`;
+    pass ``{}`` for the full plan on every text). ``jobs`` > 1 runs the jobs in worker
+    processes, which needs ``model_path`` (not ``model``); ``layer_parts`` splits each
+    text's per-layer interventions into that many jobs (default 3·``jobs``). ``cache``, a
+    folder, keeps each finished job's result (keyed by the job, the model's source and
+    the code's commit), so that a rerun after an interruption only does what is missing.
     """
     from ..bench import machine_info
+    from .loading import load_model
 
     start_time, start_cpu = time.perf_counter(), time.process_time()
     machine = machine_info("cpu")         # commit and date as the run starts
+    if jobs > 1 and model is not None:
+        raise ValueError("jobs > 1 loads the model in each worker: pass model_path, not model")
+    source = None
     if model is None:
-        model, tokenizer = load_smollm2(torch.float32)
-        path = gguf_path()
-        source = {"package": PACKAGE, "version": _versions()[PACKAGE], "file": GGUF_NAME,
-                  "sha256": file_sha256(path)}
-    else:
-        source = None
+        model, tokenizer, source = load_model(model_path)
     model.eval()
+    custom = dict(texts) if isinstance(texts, Mapping) else {}
+    names = list(texts)
+    if not names:
+        raise ValueError("run needs at least one text")
     n_layers = len(decoder_layers(model))
     layers = list(range(n_layers)) if layers is None else [int(i) for i in layers]
-    gen = torch.Generator().manual_seed(seed)
+    unit_layers = default_unit_layers(n_layers) if unit_layers is None else [int(i) for i in unit_layers]
+    if bos is None:
+        bos = getattr(tokenizer, "bos_token_id", None) is not None
     cfg = model.config
-    result = {"meta": {}, "config": {
-        "n_windows": n_windows, "length": length, "batch_size": batch_size,
-        "alphas_all": list(alphas_all), "alphas_layer": list(alphas_layer),
-        "layer_kinds": list(layer_kinds), "all_kinds": list(all_kinds), "layers": layers,
-        "prompts": list(prompts), "max_new_tokens": max_new_tokens, "seed": seed}}
-    result["model"] = {"n_layers": n_layers, "d_model": cfg.hidden_size, "d_hidden": cfg.intermediate_size,
-                       "vocab_size": cfg.vocab_size, "hidden_act": cfg.hidden_act,
-                       "n_parameters": sum(p.numel() for p in model.parameters())}
+    main_plan = {"layer_kinds": list(layer_kinds), "alphas_layer": [float(a) for a in alphas_layer],
+                 "toward_swap": [float(t) for t in toward_swap], "all_kinds": list(all_kinds),
+                 "alphas_all": [float(a) for a in alphas_all], "unit_groups": 10, "unit_singles": 5}
+    other = dict(OTHER_PLAN if other_plan is None else other_plan)
+    unknown = set(other) - set(main_plan)
+    if unknown:
+        raise ValueError(f"other_plan has unknown keys {sorted(unknown)}; expected some of {sorted(main_plan)}")
+    other = main_plan | other
+    config = {
+        "texts": names, "main_text": names[0], "n_windows": n_windows, "length": length, "batch_size": batch_size,
+        "bos": bool(bos), "plans": {"main": main_plan, "other": other}, "layers": layers,
+        "unit_layers": unit_layers, "prompts": list(prompts), "max_new_tokens": max_new_tokens, "seed": seed}
+    result = {"meta": {}, "config": config}
+    result["model"] = {"architecture": type(model).__name__, "n_layers": n_layers, "d_model": cfg.hidden_size,
+                       "d_hidden": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
+                       "hidden_act": cfg.hidden_act, "n_parameters": sum(p.numel() for p in model.parameters())}
 
-    # 1. the model is the real one, and the swap to GatedMLP changes nothing
-    text = pydoc_topics_text()
-    ids = heldout_windows(tokenizer, n_windows, length, text)
-    from pydoc_data.topics import topics
-    result["config"]["text"] = {"source": "pydoc_data.topics", "n_topics": len(topics), "n_chars": len(text),
-                                "n_tokens": len(tokenizer(text, add_special_tokens=False)["input_ids"])}
-    original = generations(model, tokenizer, prompts, max_new_tokens)
-    with mlps_replaced(model, dict(enumerate(gated_mlps(model)))):
-        swapped_in = generations(model, tokenizer, prompts, max_new_tokens)
-    result["generation"] = [{"prompt": o["prompt"], "original": o["text"], "gated": s["text"],
-                             "same_ids": o["ids"] == s["ids"]} for o, s in zip(original, swapped_in)]
-    check_ids = ids[:1]
-    result["logits"] = {"float32": logit_check(model, check_ids)}
-    model.double()
-    try:
-        result["logits"]["float64"] = logit_check(model, check_ids)
-    finally:
-        model.float()
+    parts = max(1, layer_parts if layer_parts is not None else 3 * jobs)
+    job_list = []
+    for name in names:
+        for i in range(parts):
+            chunk = layers[i::parts]
+            if chunk:
+                job_list.append({"kind": "layers", "text": name, "layers": chunk, "config": config})
+    for name in names:
+        job_list.append({"kind": "prepare", "text": name, "config": config, "q4_noise": name == names[0]})
+        if unit_layers:
+            job_list.append({"kind": "units", "text": name, "config": config})
+    job_list.append({"kind": "model", "config": config})
+    store = _JobCache(cache, source, machine.get("git_commit"), custom) if cache is not None else None
+    outputs = [store.get(j) if store else None for j in job_list]
+    todo = [i for i, o in enumerate(outputs) if o is None]
+    if progress:
+        print(f"{len(job_list)} jobs ({len(job_list) - len(todo)} cached) on {jobs} process(es)",
+              file=sys.stderr, flush=True)
+    if jobs <= 1:
+        for i in todo:
+            outputs[i] = _do(job_list[i], model, tokenizer, custom)
+            if store:
+                store.put(job_list[i], outputs[i])
+    elif todo:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
 
-    # 2. the anatomy, and the base pass that records every layer's input
-    g = gated_mlps(model)
-    originals = replace_mlps(model, dict(enumerate(g)))
-    try:
-        result["losses"] = losses = {"windows": ids.shape[0]}
-        hf = []
-        with mlps_replaced(model, originals):
-            hf = window_losses(model, ids, batch_size=batch_size)
-        losses["hf"] = hf.tolist()
-        recorded = [layer_inputs(model, c, mlp_inputs=True) for c in ids.split(batch_size)]
-        from .heldout import nll_from_hidden
-        base = torch.cat([nll_from_hidden(model, h, c) for (h, _, _), c in zip(recorded, ids.split(batch_size))])
-        losses["base"] = base.tolist()
-        inputs = [[r[1][l] for r in recorded] for l in range(n_layers)]
-        mlp_in = [torch.cat([r[2][l].reshape(-1, cfg.hidden_size) for r in recorded]) for l in range(n_layers)]
-        del recorded
+        dtype_name = str(next(model.parameters()).dtype).replace("torch.", "")
+        del model
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
+            futures = {i: ex.submit(_pool_job, job_list[i], model_path, dtype_name, 1, custom) for i in todo}
+            for i, f in futures.items():
+                outputs[i] = f.result()
+                if store:
+                    store.put(job_list[i], outputs[i])
 
-        anatomy, inp, pooled = [], [], {"cos": [], "corr_ab": [], "rel_peak": []}
-        for l in range(n_layers):
-            geo = pair_geometry(g[l])
-            sh = shuffled_pairs(g[l], gen)
-            st = input_statistics(g[l], mlp_in[l])
-            rel_peak = st["peak_h"] / st["peak_h"].median()
-            for name, v in (("cos", geo["cos"]), ("corr_ab", st["corr_ab"]), ("rel_peak", rel_peak)):
-                pooled[name].append(v)
-            top = st["peak_h"].argsort(descending=True)[:10]
-            anatomy.append({
-                "cos": summarise(geo["cos"]), "cos_hist": cos_histogram(geo["cos"]),
-                "shuffled_cos": summarise(sh["cos"]), "shuffled_cos_hist": cos_histogram(sh["cos"]),
-                "balance": summarise(geo["balance"]), "shuffled_balance": summarise(sh["balance"]),
-                "norm_q": summarise(geo["norm_q"]), "norm_k": summarise(geo["norm_k"]),
-                "frac_abs_cos_above": {str(t): float((geo["cos"].abs() > t).double().mean()) for t in (0.2, 0.5)},
-                "shuffled_frac_abs_cos_above": {str(t): float((sh["cos"].abs() > t).double().mean())
-                                                for t in (0.2, 0.5)},
-            })
-            inp.append({
-                "a": st["a"], "b": st["b"], "frac_a_in_band": st["frac_a_in_band"],
-                "nonlinear_share": st["nonlinear_share"], "corr_ab": summarise(st["corr_ab"]),
-                "frac_abs_corr_ab_above": {str(t): float((st["corr_ab"].abs() > t).double().mean())
-                                           for t in (0.5, 0.8)},
-                "peak_h": summarise(st["peak_h"]), "rms_h": summarise(st["rms_h"]),
-                "spearman_abs_cos_peak_h": spearman(geo["cos"].abs(), st["peak_h"]),
-                "spearman_abs_corr_peak_h": spearman(st["corr_ab"].abs(), st["peak_h"]),
-                "top_units": [{"unit": int(j), "peak_h": float(st["peak_h"][j]), "rel_peak": float(rel_peak[j]),
-                               "cos": float(geo["cos"][j]), "corr_ab": float(st["corr_ab"][j]),
-                               "balance": float(geo["balance"][j])} for j in top],
-            })
-        pooled = {k: torch.cat(v) for k, v in pooled.items()}
-        result["alignment_bins"] = {
-            "cos": alignment_bins(pooled["cos"].abs(), pooled["rel_peak"]),
-            "corr_ab": alignment_bins(pooled["corr_ab"].abs(), pooled["rel_peak"]),
-        }
-        result["anatomy"], result["inputs"] = anatomy, inp
-
-        # local change of each layer's output on its real inputs (no loss involved)
-        local = []
-        for l in range(n_layers):
-            x = mlp_in[l]
-            local.append({_key(k, a): relative_change(g[l], variant(g[l], k, a), x)
-                          for k, a in _expand(layer_kinds, alphas_layer) if k != "none"})
-        result["local_change"] = local
-        del mlp_in
-
-        # 3. interventions: one layer at a time, then all layers at once
-        per_layer = _expand(layer_kinds, alphas_layer)
-        every = _expand(all_kinds, alphas_all)
-        bar = _progress(len(layers) * len(per_layer) + len(every) + 1, progress, "interventions")
-        layer_losses = {_key(k, a): [None] * n_layers for k, a in per_layer}
-        for l in layers:
-            for k, a in per_layer:
-                with mlps_replaced(model, {l: variant(g[l], k, a)}):
-                    vals = [tail_losses(model, h, l, c) for h, c in zip(inputs[l], ids.split(batch_size))]
-                layer_losses[_key(k, a)][l] = torch.cat(vals).tolist()
-                bar.update(1)
-        losses["layer"] = layer_losses
-        all_losses = {}
-        for k, a in every:
-            with mlps_replaced(model, {l: variant(g[l], k, a) for l in range(n_layers)}):
-                all_losses[_key(k, a)] = window_losses(model, ids, batch_size=batch_size).tolist()
-            bar.update(1)
-        # 4. the 4-bit grid, and one more rounding error of its size in every MLP
-        noisy = [with_q4_noise(g[l], gen) for l in range(n_layers)]
-        with mlps_replaced(model, dict(enumerate(noisy))):
-            all_losses["q4_noise"] = window_losses(model, ids, batch_size=batch_size).tolist()
-        bar.update(1)
-        bar.close()
-        losses["all"] = all_losses
-        distinct, step_rel, noise_rel, dcos = 0, [], [], []
-        for l in range(n_layers):
-            for w in originals[l].gate_proj.weight, originals[l].up_proj.weight, originals[l].down_proj.weight:
-                step, nd = q4_steps(w)
-                distinct = max(distinct, int(nd.max()))
-                step_rel.append(float(step.mean() / w.pow(2).mean().sqrt()))
-            noise_rel.append(float((noisy[l].query - g[l].query).norm() / g[l].query.norm()))
-            dcos.append(pair_geometry(noisy[l])["cos"] - pair_geometry(g[l])["cos"])
-        result["quantisation"] = {
-            "max_distinct_per_block": distinct, "mean_step_over_rms": sum(step_rel) / len(step_rel),
-            "noise_rel_norm_query": sum(noise_rel) / len(noise_rel), "cos_change": summarise(torch.cat(dcos)),
-        }
-    finally:
-        replace_mlps(model, originals)
+    by_text = {name: [] for name in names}
+    timings = [t for _, t in outputs]
+    for j, (o, _) in zip(job_list, outputs):
+        if j["kind"] == "model":
+            result.update(o)
+        else:
+            by_text[j["text"]].append(o)
+    result["texts"] = {}
+    for name in names:
+        s, info = _text_of(name, custom)
+        ids = heldout_windows(tokenizer, n_windows, length, s, bos=bos)
+        t = merge(n_layers, by_text[name])
+        t["text"] = info | {"n_tokens": len(tokenizer(s, add_special_tokens=False)["input_ids"]),
+                            "windows_sha256": _windows_sha256(ids)}
+        result["texts"][name] = t
 
     result["meta"] = {
         "command": command, "qkmlp_version": __version__, "source": source, "versions": _versions(),
-        "machine": machine, "wall_s": time.perf_counter() - start_time,
-        "cpu_s": time.process_time() - start_cpu,
+        "machine": machine, "jobs": jobs, "wall_s": time.perf_counter() - start_time,
+        "cpu_s": time.process_time() - start_cpu + (sum(t["cpu_s"] for t in timings) if jobs > 1 else 0.0),
+        "job_timings": timings,
     }
     return result

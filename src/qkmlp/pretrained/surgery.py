@@ -1,10 +1,15 @@
-"""Swap a Llama-style model's MLPs for qkmlp layers, and build the chapter's interventions.
+"""Swap a gated model's MLPs for qkmlp layers, and build the chapter's interventions.
 
-A decoder layer of a ``transformers`` Llama model has ``.mlp``, a ``LlamaMLP`` computing
-``down(σ(gate(x)) * up(x))``: a rank-1 :class:`~qkmlp.GatedMLP` with query = gate,
-key = up, value = downᵀ. :func:`gated_mlps` converts every one (copies of the weights);
-:func:`replace_mlps` puts any modules in their place, in the model, and returns the
-ones it took out, so that :func:`mlps_replaced` can put them back.
+A decoder layer of a ``transformers`` model with gated MLPs (Llama, Qwen2, Mistral, Gemma,
+OLMo-2, Phi-3, ...) has ``.mlp`` computing ``down(σ(gate(x)) * up(x))``: a rank-1
+:class:`~qkmlp.GatedMLP` with query = gate, key = up, value = downᵀ. Two layouts of the
+weights are read (:func:`mlp_weights`): separate ``gate_proj``, ``up_proj`` and
+``down_proj`` (Llama and most others) and a fused ``gate_up_proj`` whose first half of
+rows is the gate and second half the up projection, with ``down_proj`` (Phi-3).
+:func:`gated_mlps` converts every layer (copies of the weights) and checks each
+conversion on random inputs against the module it came from; :func:`replace_mlps` puts
+any modules in their place, in the model, and returns the ones it took out, so that
+:func:`mlps_replaced` can put them back.
 
 :func:`variant` turns one converted layer into the layers the chapter compares with it
 (each maps (..., d) to (..., d), with the same weights unless said otherwise):
@@ -16,11 +21,20 @@ gated       σ(a)·b (the layer itself)
 none        0 (the MLP removed: the scale of every other change)
 swap        σ(b)·a (query and key exchanged)
 rescale     σ(αa)·b/α (inverse scaling by ``alpha``; α < 0 allowed)
+toward_swap (1 − t)·σ(a)·b + t·σ(b)·a (the straight path to the exchange in function
+            space, ``alpha`` = t in (0, 1]: t = ½ is ``symmetrized``, t = 1 ``swap``)
 identity    a·b (σ replaced by the identity: the bilinear layer)
 linear      σ'(0)·a·b (σ replaced by its tangent at 0: a·b/2 for SiLU)
 symmetrized ½[σ(a)·b + σ(b)·a] (:class:`~qkmlp.SymmetrizedGatedMLP`)
 symmetric   σ(a·b) (:class:`~qkmlp.SymmetricBilinearMLP`, σ outside the product)
 =========== ===================================================================
+
+Every variant is stated in the weights' own gauge. A gated unit has an exact symmetry
+for any σ, k_j → c·k_j, v_j → v_j/c (the up/down gauge): ``rescale`` commutes with it
+(q → αq, k → k/α is q → αq, v → v/α), but ``swap``, ``toward_swap``, ``symmetrized``
+and ``symmetric`` do not: applied in the gauge c they are the stored-gauge variant of
+the layer (q, c·k, v/c), a different function. :func:`gauge_balanced` fixes the gauge
+‖k_j‖ = ‖v_j‖.
 """
 from __future__ import annotations
 
@@ -34,12 +48,15 @@ from .. import symmetry
 from ..activations import get_activation
 from ..layers import GatedMLP, SymmetricBilinearMLP, SymmetrizedGatedMLP
 
-__all__ = ["VARIANTS", "NoMLP", "decoder_layers", "gated_mlps", "replace_mlps", "mlps_replaced",
-           "use_gated_mlps", "tangent_slope", "variant",
-           "Q4_BLOCK", "q4_steps", "with_q4_noise"]
+__all__ = ["VARIANTS", "PARAMETRISED", "NoMLP", "decoder_layers", "mlp_weights", "gated_mlps",
+           "replace_mlps", "mlps_replaced", "use_gated_mlps", "tangent_slope", "variant",
+           "gauge_balanced", "Q4_BLOCK", "q4_steps", "with_q4_noise"]
 
 #: The kinds :func:`variant` builds, in the order the chapter shows them.
-VARIANTS = ("gated", "none", "swap", "rescale", "identity", "linear", "symmetrized", "symmetric")
+VARIANTS = ("gated", "none", "swap", "rescale", "toward_swap", "identity", "linear", "symmetrized",
+            "symmetric")
+#: The kinds that take a parameter (``alpha``): α of ``rescale``, t of ``toward_swap``.
+PARAMETRISED = ("rescale", "toward_swap")
 
 
 class NoMLP(nn.Module):
@@ -50,12 +67,13 @@ class NoMLP(nn.Module):
 
 
 def decoder_layers(model) -> nn.ModuleList:
-    """The decoder layers of a Llama-style ``transformers`` model (``model.model.layers``),
-    each of which must have an ``mlp`` with ``gate_proj``, ``up_proj`` and ``down_proj``."""
+    """The decoder layers of a ``transformers`` causal LM (``model.model.layers``), each
+    with an ``mlp`` (see :func:`mlp_weights` for the layouts that convert)."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
-        raise TypeError("expected a Llama-style transformers model with decoder layers at "
-                        f"model.model.layers; got {type(model).__name__}")
+        raise TypeError("expected a transformers causal LM with decoder layers at "
+                        f"model.model.layers (Llama, Qwen2, Mistral, Gemma, OLMo-2, Phi-3, ...); "
+                        f"got {type(model).__name__}")
     return layers
 
 
@@ -66,21 +84,85 @@ def _hidden_act(model) -> str:
     return get_activation(act).name
 
 
-def gated_mlps(model, *, activation: Optional[str] = None) -> list[GatedMLP]:
-    """One :class:`~qkmlp.GatedMLP` per decoder layer, converted from its MLP with
-    :meth:`GatedMLP.from_linear` (copies; the model is not changed).
+def _linear(mlp, name):
+    lin = getattr(mlp, name, None)
+    return lin if isinstance(lin, nn.Linear) else None
 
-    ``activation`` defaults to ``model.config.hidden_act`` (``silu`` for SmolLM2).
-    A layer whose MLP is not a gate/up/down MLP raises ``TypeError``.
+
+def mlp_weights(mlp: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(gate, up, down)`` weights of a gated MLP module: gate and up (m, d), down (d, m).
+
+    Reads ``gate_proj``, ``up_proj``, ``down_proj`` (Llama, Qwen2, Mistral, Gemma, OLMo-2)
+    or a fused ``gate_up_proj`` (2m, d) whose rows 0..m−1 are the gate and m..2m−1 the up
+    projection, with ``down_proj`` (Phi-3, which splits its output with ``chunk(2)``).
+    The tensors are the module's own (no copy). Raises ``TypeError`` naming both layouts
+    for anything else, and ``ValueError`` when a projection has a bias.
+    """
+    down = _linear(mlp, "down_proj")
+    split = [_linear(mlp, n) for n in ("gate_proj", "up_proj")]
+    fused = _linear(mlp, "gate_up_proj")
+    if down is not None and all(lin is not None for lin in split):
+        lins = split + [down]
+        gate, up = split[0].weight, split[1].weight
+    elif down is not None and fused is not None:
+        lins = [fused, down]
+        if fused.weight.shape[0] % 2:
+            raise ValueError(f"gate_up_proj has an odd number of rows ({fused.weight.shape[0]}); "
+                             "expected the gate rows then as many up rows")
+        gate, up = fused.weight.chunk(2, dim=0)
+    else:
+        raise TypeError(f"mlp is a {type(mlp).__name__}, not a gated MLP: expected nn.Linear "
+                        "gate_proj, up_proj and down_proj, or a fused gate_up_proj and down_proj")
+    for lin in lins:
+        if lin.bias is not None:
+            raise ValueError(f"{type(mlp).__name__} has a bias in a projection; GatedMLP has none "
+                             "(append a constant coordinate to x instead)")
+    return gate, up, down.weight
+
+
+@torch.no_grad()
+def _check_conversion(mlp: nn.Module, g: GatedMLP, index: int) -> None:
+    """Compare ``g`` with the module it came from on random inputs; raise if they differ."""
+    w = g.value
+    if w.device.type == "meta":
+        return
+    gen = torch.Generator().manual_seed(index)
+    x = torch.randn(4, g.d_model, generator=gen, dtype=torch.float64).to(w.device, w.dtype)
+    ref, got = mlp(x), g(x)
+    tol = {torch.float64: 1e-9, torch.float32: 1e-4}.get(w.dtype, 2e-2)
+    scale = float(ref.abs().max()) + 1e-30
+    err = float((got - ref).abs().max())
+    if not err <= tol * scale:
+        raise ValueError(f"layer {index}: the converted GatedMLP differs from the model's "
+                         f"{type(mlp).__name__} by {err:.3g} (largest output {scale:.3g}); the "
+                         f"activation {g.activation.name!r} (from config.hidden_act or activation=) "
+                         "or the weight layout does not match the module")
+
+
+def gated_mlps(model, *, activation: Optional[str] = None, check: bool = True) -> list[GatedMLP]:
+    """One :class:`~qkmlp.GatedMLP` per decoder layer, converted from its MLP (either
+    layout of :func:`mlp_weights`; copies, the model is not changed).
+
+    ``activation`` defaults to ``model.config.hidden_act`` (``silu`` for SmolLM2). With
+    ``check`` (default) each converted layer is compared with the model's own MLP on four
+    random inputs, and a mismatch (a wrong activation, an unknown layout) raises
+    ``ValueError``: a conversion is never silently wrong. A layer whose MLP is not a gated
+    MLP raises ``TypeError``.
     """
     act = activation if activation is not None else _hidden_act(model)
     out = []
     for i, layer in enumerate(decoder_layers(model)):
-        mlp = layer.mlp
-        if not all(isinstance(getattr(mlp, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj")):
-            raise TypeError(f"layer {i}: mlp is a {type(mlp).__name__}, not a gate_proj/up_proj/down_proj MLP")
-        g = GatedMLP.from_linear(mlp.gate_proj, mlp.up_proj, mlp.down_proj, activation=act)
-        out.append(g.eval().requires_grad_(False))
+        try:
+            gate, up, down = mlp_weights(layer.mlp)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"layer {i}: {e}") from None
+        lin = [nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta") for w in (gate, up, down)]
+        for li, w in zip(lin, (gate, up, down)):
+            li.weight = nn.Parameter(w.detach(), requires_grad=False)
+        g = GatedMLP.from_linear(*lin, activation=act).eval().requires_grad_(False)
+        if check and activation is None:
+            _check_conversion(layer.mlp, g, i)
+        out.append(g)
     return out
 
 
@@ -144,14 +226,16 @@ def tangent_slope(activation) -> float:
 
 def variant(g: GatedMLP, kind: str, alpha: Optional[float] = None) -> nn.Module:
     """The layer of ``kind`` (see :data:`VARIANTS` and the module's table) built from
-    ``g``'s weights; ``alpha`` is required for ``rescale`` and refused otherwise.
-    ``g`` is left untouched ("gated" returns ``g`` itself)."""
+    ``g``'s weights. ``alpha`` is the kind's parameter, required for the kinds of
+    :data:`PARAMETRISED` and refused otherwise: α ≠ 0 (finite) for ``rescale``, t in
+    (0, 1] for ``toward_swap``. ``g`` is left untouched ("gated" returns ``g`` itself)."""
     if not isinstance(g, GatedMLP):
         raise TypeError(f"variant needs a GatedMLP, got {type(g).__name__}")
     if kind not in VARIANTS:
         raise ValueError(f"unknown variant {kind!r}; expected one of {', '.join(VARIANTS)}")
-    if (alpha is not None) != (kind == "rescale"):
-        raise ValueError("alpha is required for kind='rescale' and only for it")
+    if (alpha is not None) != (kind in PARAMETRISED):
+        raise ValueError(f"alpha is required for kind in {PARAMETRISED} and only for them; "
+                         f"got kind={kind!r}, alpha={alpha!r}")
     if kind == "gated":
         return g
     if kind == "none":
@@ -160,6 +244,8 @@ def variant(g: GatedMLP, kind: str, alpha: Optional[float] = None) -> nn.Module:
         return symmetry.swapped(g).eval().requires_grad_(False)
     if kind == "rescale":
         return symmetry.rescaled(g, alpha).eval().requires_grad_(False)
+    if kind == "toward_swap":
+        return _toward_swap(g, alpha)
     if kind == "identity":
         return _with_weights(GatedMLP, g, "identity")
     if kind == "linear":
@@ -167,6 +253,45 @@ def variant(g: GatedMLP, kind: str, alpha: Optional[float] = None) -> nn.Module:
     if kind == "symmetrized":
         return _with_weights(SymmetrizedGatedMLP, g, g.activation)
     return _with_weights(SymmetricBilinearMLP, g, g.activation)
+
+
+@torch.no_grad()
+def _toward_swap(g: GatedMLP, t: float) -> GatedMLP:
+    """(1 − t)·g + t·swap(g) as one GatedMLP of twice the rank: per unit and slot s the
+    pairs (q, (1 − t)k) and (k, t·q), sharing v (σ(a)(1 − t)b + σ(b)·t·a)."""
+    t = float(t)
+    if not 0.0 < t <= 1.0:
+        raise ValueError(f"t (alpha of toward_swap) must be in (0, 1], got {t!r}")
+    r = g.rank
+    new = GatedMLP(g.d_model, g.d_hidden, g.d_out, rank=2 * r, activation=g.activation,
+                   device=g.value.device, dtype=g.value.dtype)
+    new.query[:, :r].copy_(g.query)
+    new.key[:, :r].copy_(g.key * (1.0 - t))
+    new.query[:, r:].copy_(g.key)
+    new.key[:, r:].copy_(g.query * t)
+    new.value.copy_(g.value)
+    return new.eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def gauge_balanced(g: GatedMLP) -> GatedMLP:
+    """The same function in the gauge ‖k_j‖ = ‖v_j‖: per unit k_j → c_j·k_j, v_j → v_j/c_j
+    with c_j = √(‖v_j‖/‖k_j‖) (rank 1; a unit with k_j = 0 or v_j = 0 is left as it is).
+
+    The up/down gauge is an exact symmetry of a gated unit for every σ, so ‖k_j‖ alone
+    says nothing about the function; statistics of the balance between gate and up rows
+    mean something only once the gauge is fixed (this one, or any other stated one).
+    """
+    if not isinstance(g, GatedMLP) or g.rank != 1:
+        raise TypeError("gauge_balanced needs a rank-1 GatedMLP")
+    nk = g.key[:, 0].norm(dim=1)
+    nv = g.value.norm(dim=1)
+    ok = (nk > 0) & (nv > 0)
+    c = torch.where(ok, (nv / torch.where(ok, nk, torch.ones_like(nk))).sqrt(), torch.ones_like(nk))
+    out = _with_weights(GatedMLP, g, g.activation)
+    out.key.mul_(c.view(-1, 1, 1))
+    out.value.div_(c.view(-1, 1))
+    return out
 
 
 #: Block length of the Q4_1 format: 32 consecutive weights of a stored row share one
