@@ -89,6 +89,9 @@ CODE_SHARE_MAX = 0.15
 CODE_SHARE_PAGES = ("book/08_experiments", "book/09_pretrained", "book/10_cost")
 TABLE_PAGES = ("book/08_experiments", "book/10_cost")
 SCROLLING_TABLES_MAX = 0.25
+# Columns that carry a verdict: chapter 10 names one "verdict"; chapter 8's verdicts are
+# its "Holm p" and "detectable" columns (issue 33 found both out of view at 390 px).
+VERDICT_COLUMNS = re.compile(r"verdict|holm|detectable", re.I)
 
 CHROMIUM = chromium()
 if CHROMIUM is None:
@@ -735,6 +738,43 @@ def test_phone_contents_drawer_closes_after_a_section_is_tapped(site):
 
 def test_desktop_sidebar_does_not_scroll_itself(site):
     _fail_if(_layout(site, "sidebar", ("1280",)), "sidebar at 1280 px")
+
+
+def test_chapters_8_to_10_put_the_argument_first_on_a_phone(site):
+    """Issue 33's targets at 390 px (tests/measure_pages.py prints the numbers; with
+    --verdict 'verdict|holm|detectable' as here): visible code at most 15 % of the page's
+    height on chapters 8-10; on chapters 8 and 10 at most a quarter of the tables scroll
+    sideways, and none of those has a verdict column (VERDICT_COLUMNS)."""
+    measured = [p for p in CODE_SHARE_PAGES + TABLE_PAGES if f"{p}.html" in site]
+    if not measured:
+        pytest.skip(f"none of {CODE_SHARE_PAGES} is in this build's table of contents")
+    bad: dict[str, list[str]] = {}
+    for name in CODE_SHARE_PAGES:
+        r = site.get(f"{name}.html")
+        if r is None:
+            continue
+        code = r.metrics["390"]["code"]
+        if code["share"] > CODE_SHARE_MAX:
+            bad.setdefault(name, []).append(
+                f"visible code is {100 * code['share']:.1f} % of the page ({code['px']:,} of "
+                f"{r.metrics['390']['height']['article']:,} px; {code['cells_shown']} cells shown, "
+                f"{code['cells_folded']} folded), over {100 * CODE_SHARE_MAX:.0f} %; largest: {code['largest'][:3]}")
+    for name in TABLE_PAGES:
+        r = site.get(f"{name}.html")
+        if r is None:
+            continue
+        tables = r.metrics["390"]["tables"]
+        scrolling = [t for t in tables if t["scrolls"]]
+        if len(scrolling) > SCROLLING_TABLES_MAX * len(tables):
+            bad.setdefault(name, []).append(
+                f"{len(scrolling)} of {len(tables)} tables scroll sideways (at most "
+                f"{int(SCROLLING_TABLES_MAX * len(tables))}): {[t['where'] for t in scrolling][:6]}")
+        verdicts = [t for t in scrolling if any(VERDICT_COLUMNS.search(n) for n in t["names"])]
+        if verdicts:
+            bad.setdefault(name, []).append(
+                f"{len(verdicts)} scrolling table(s) with a verdict column: "
+                f"{[(t['where'], 'out of view: ' + ', '.join(t['hidden'])) for t in verdicts]}")
+    _fail_if(bad, "chapters that do not yet read argument-first at 390 px")
 
 
 def test_the_source_archive_is_one_tap_away_on_a_phone(book_build, server, browser):
