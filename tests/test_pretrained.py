@@ -31,27 +31,12 @@ from qkmlp.pretrained.report import (all_changes, compare_layers, holm, layer_ch
                                      load_results, loss_change, paired_t, rerun_slice, save_results)
 from qkmlp.pretrained.runner import logit_check, run, spearman  # noqa: E402
 from qkmlp.pretrained.surgery import Q4_BLOCK, q4_steps, tangent_slope, with_q4_noise  # noqa: E402
+from byte_tokenizer import ByteTokenizer  # noqa: E402
 
 F64 = torch.float64
 
 
 # --- a tiny random Llama and a byte tokenizer (no download, no package) ---------------
-
-class ByteTokenizer:
-    """UTF-8 bytes as token ids (vocabulary 256), with the calls the runner makes."""
-
-    pad_token_id = 0
-
-    def __call__(self, text, return_tensors=None, add_special_tokens=True):
-        ids = list(text.encode("utf-8"))
-        if return_tensors == "pt":
-            t = torch.tensor([ids])
-            return {"input_ids": t, "attention_mask": torch.ones_like(t)}
-        return {"input_ids": ids}
-
-    def decode(self, ids):
-        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
-
 
 def tiny_llama(hidden_act="silu", seed=0, dtype=F64):
     torch.manual_seed(seed)

@@ -26,25 +26,10 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from qkmlp.pretrained import retrain as R  # noqa: E402
 from qkmlp.pretrained.retrain import core, grid as G  # noqa: E402
+from byte_tokenizer import ByteTokenizer  # noqa: E402
 
 F64 = torch.float64
 REFERENCE = Path(__file__).with_name("retrain_reference.json")
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as token ids (vocabulary 256), with the calls the retrain code makes."""
-
-    pad_token_id = 0
-
-    def __call__(self, text, return_tensors=None, add_special_tokens=True):
-        ids = list(text.encode("utf-8"))
-        if return_tensors == "pt":
-            t = torch.tensor([ids])
-            return {"input_ids": t, "attention_mask": torch.ones_like(t)}
-        return {"input_ids": ids}
-
-    def decode(self, ids):
-        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
 
 
 def tiny_llama(seed=0):
