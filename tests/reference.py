@@ -40,3 +40,24 @@ def symmetrized(x, Q, K, V, act):
                 for s_ in range(r))
         out = out + h[..., None] * V[j]
     return out
+
+
+def layer_formula(layer, x):
+    """The formula of ``layer`` (any qkmlp layer) applied to ``x``, read off its weights."""
+    from qkmlp import (BilinearAttentionMLP, GatedMLP, KeyValueMLP, StaticQueryMLP, SymmetricBilinearMLP,
+                       SymmetrizedGatedMLP)
+
+    act = layer.activation
+    if isinstance(layer, KeyValueMLP):
+        return key_value(x, layer.key, layer.value, act)
+    if isinstance(layer, StaticQueryMLP):
+        return static_query(x, layer.query, layer.key, layer.value, act)
+    if isinstance(layer, BilinearAttentionMLP):
+        return bilinear(x, layer.interaction, layer.value, act)
+    if isinstance(layer, SymmetricBilinearMLP):
+        return symmetric(x, layer.query, layer.key, layer.value, act)
+    if isinstance(layer, SymmetrizedGatedMLP):
+        return symmetrized(x, layer.query, layer.key, layer.value, act)
+    if isinstance(layer, GatedMLP):
+        return gated(x, layer.query, layer.key, layer.value, act)
+    raise TypeError(f"layer_formula: expected a qkmlp layer, got {type(layer).__name__}")

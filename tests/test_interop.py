@@ -46,15 +46,7 @@ def _make(cls, rank, dtype=F64, **kw):
 
 def _formula(layer, x):
     """The layer's formula, slot by slot (tests/reference.py)."""
-    act = layer.activation
-    if isinstance(layer, KeyValueMLP):
-        return R.key_value(x, layer.key, layer.value, act)
-    if isinstance(layer, StaticQueryMLP):
-        return R.static_query(x, layer.query, layer.key, layer.value, act)
-    if isinstance(layer, BilinearAttentionMLP):
-        return R.bilinear(x, layer.interaction, layer.value, act)
-    f = {SymmetricBilinearMLP: R.symmetric, GatedMLP: R.gated, SymmetrizedGatedMLP: R.symmetrized}[type(layer)]
-    return f(x, layer.query, layer.key, layer.value, act)
+    return R.layer_formula(layer, x)
 
 
 # --- torch.jit.trace -------------------------------------------------------------------

@@ -34,18 +34,7 @@ def make(cls, rank=None, activation=None, d_out=O, dtype=F64, **kw):
 
 
 def reference_output(layer, x):
-    act = layer.activation
-    if isinstance(layer, KeyValueMLP):
-        return ref.key_value(x, layer.key, layer.value, act)
-    if isinstance(layer, StaticQueryMLP):
-        return ref.static_query(x, layer.query, layer.key, layer.value, act)
-    if isinstance(layer, BilinearAttentionMLP):
-        return ref.bilinear(x, layer.interaction, layer.value, act)
-    if isinstance(layer, SymmetricBilinearMLP):
-        return ref.symmetric(x, layer.query, layer.key, layer.value, act)
-    if isinstance(layer, SymmetrizedGatedMLP):
-        return ref.symmetrized(x, layer.query, layer.key, layer.value, act)
-    return ref.gated(x, layer.query, layer.key, layer.value, act)
+    return ref.layer_formula(layer, x)
 
 
 ALL = [
