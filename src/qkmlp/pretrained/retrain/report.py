@@ -120,7 +120,7 @@ def schedule_at(results: dict, step: int) -> float:
     """The learning rate at ``step`` as a fraction of its peak (read from a stored run)."""
     r = results["runs"][0]
     lrs = r["lr_per_step"]
-    return lrs[min(step, len(lrs) - 1)] / max(lrs)
+    return lrs[min(max(step, 0), len(lrs) - 1)] / max(lrs)
 
 
 def gap_summary(results: dict, arm: str, text: Optional[str] = None, *, tail: int = 100) -> dict:
