@@ -1,0 +1,183 @@
+"""Reading a stored retraining grid (``book/data/pretrained/retrain.json``).
+
+Every comparison is *paired*: an arm and the control (``gated``) trained with the same
+seed saw the same training batches in the same order and are evaluated on the same
+held-out windows, so their difference is free of the data-order and window noise that
+they share. Two spreads remain and are reported apart:
+
+- over **windows**: a run's held-out loss is the mean over ``n_windows`` windows of a
+  text; the paired per-window differences give a standard error for *this* run pair
+  (how precisely the text measures it);
+- over **seeds**: a different data order gives a different run pair. With two seeds
+  there is no interval worth the name; the report gives every seed's value and their
+  range, and a verdict needs the same sign in every seed.
+
+Losses are in nats per token (SmolLM2's tokenizer). ``gap`` always means arm − control
+(positive: the arm is worse).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+__all__ = ["load_retrain", "arms", "seeds", "texts", "run_of", "curve", "gap_curve", "original_loss",
+           "window_gap", "gap_summary", "recovery_rows", "schedule_at"]
+
+CONTROL = "gated"
+
+
+def load_retrain(path) -> dict:
+    """The stored results; refuses a file without the keys the book reads."""
+    path = Path(path)
+    res = json.loads(path.read_text())
+    missing = [k for k in ("meta", "config", "runs", "tuning", "texts") if k not in res]
+    if missing:
+        raise ValueError(f"{path} is not a retraining results file: no {', '.join(missing)}")
+    if not res["runs"]:
+        raise ValueError(f"{path} holds no main runs")
+    return res
+
+
+def arms(results: dict) -> list[str]:
+    """The arms with at least one stored run, in the configuration's order."""
+    have = {r["arm"] for r in results["runs"]}
+    return [a for block in results["config"]["arm_blocks"] for a in block if a in have]
+
+
+def seeds(results: dict, arm: str = CONTROL) -> list[int]:
+    """The seeds with a stored run of ``arm``, sorted."""
+    return sorted(r["seed"] for r in results["runs"] if r["arm"] == arm)
+
+
+def texts(results: dict) -> list[str]:
+    """The held-out texts, the main text first."""
+    main = results["config"]["main_text"]
+    return [main] + [t for t in results["config"]["heldout_texts"] if t != main]
+
+
+def run_of(results: dict, arm: str, seed: int) -> dict:
+    for r in results["runs"]:
+        if r["arm"] == arm and r["seed"] == seed:
+            return r
+    raise KeyError(f"no stored run of arm {arm!r} with seed {seed}; stored: "
+                   f"{sorted((r['arm'], r['seed']) for r in results['runs'])}")
+
+
+def _text(results: dict, text: Optional[str]) -> str:
+    text = text or results["config"]["main_text"]
+    if text not in results["config"]["heldout_texts"]:
+        raise KeyError(f"no held-out text {text!r}; expected one of {results['config']['heldout_texts']}")
+    return text
+
+
+def curve(results: dict, arm: str, seed: int, text: Optional[str] = None) -> tuple[np.ndarray, np.ndarray]:
+    """(steps [P], held-out loss [P]) of one run on ``text`` (default: the main text)."""
+    c = run_of(results, arm, seed)["curve"]
+    return np.asarray(c["step"]), np.asarray(c["heldout"][_text(results, text)], dtype=float)
+
+
+def gap_curve(results: dict, arm: str, seed: int, text: Optional[str] = None) -> tuple[np.ndarray, np.ndarray]:
+    """(steps [P], arm − control [P]) for one seed: the paired gap along training."""
+    s, a = curve(results, arm, seed, text)
+    s0, c = curve(results, CONTROL, seed, text)
+    if not np.array_equal(s, s0):
+        raise ValueError(f"arm {arm!r} and the control were evaluated at different steps for seed {seed}")
+    return s, a - c
+
+
+def original_loss(results: dict, text: Optional[str] = None) -> float:
+    """The loss of the model as trained (before any change or retraining) on ``text``:
+    the mean over windows of ``heldout_transformers`` (plain ``transformers``, no surgery),
+    the same in every control run."""
+    text = _text(results, text)
+    vals = {round(float(np.mean(r["heldout_transformers"][text])), 10)
+            for r in results["runs"] if r["arm"] == CONTROL}
+    if len(vals) != 1:
+        raise ValueError(f"the control runs disagree on the original model's loss on {text}: {sorted(vals)}")
+    return vals.pop()
+
+
+def window_gap(results: dict, arm: str, seed: int, text: Optional[str] = None, when: str = "after") -> dict:
+    """The paired gap arm − control over the held-out windows at the start (``when="before"``)
+    or the end (``"after"``) of one seed's runs: ``mean``, ``se`` (over windows), ``t``,
+    the two-sided ``p`` of a paired t-test, ``n`` windows."""
+    from ..report import paired_t
+
+    if when not in ("before", "after"):
+        raise ValueError(f"when must be 'before' or 'after', got {when!r}")
+    text = _text(results, text)
+    key = f"windows_{when}"
+    a = run_of(results, arm, seed)[key][text]
+    c = run_of(results, CONTROL, seed)[key][text]
+    return {**paired_t(c, a), "n": len(a)}
+
+
+def schedule_at(results: dict, step: int) -> float:
+    """The learning rate at ``step`` as a fraction of its peak (read from a stored run)."""
+    r = results["runs"][0]
+    lrs = r["lr_per_step"]
+    return lrs[min(max(step, 0), len(lrs) - 1)] / max(lrs)
+
+
+def gap_summary(results: dict, arm: str, text: Optional[str] = None, *, tail: int = 100) -> dict:
+    """Per seed, how far ``arm`` got back towards the control on ``text``.
+
+    Returns ``seeds`` and, per seed (lists in that order): ``start`` (gap at step 0),
+    ``end`` (gap at the last step), ``end_se`` (its standard error over windows), ``end_p``
+    (paired t-test over windows), ``closed`` (fraction of the starting gap closed,
+    1 − end/start), ``tail_change`` (gap change over the last ``tail`` steps; negative:
+    still shrinking), ``to_original`` (the arm's final loss − the original model's) and
+    ``control_to_original`` (the same for the control). Also ``same_sign`` (every seed's
+    final gap has the sign of the first and is resolved over windows at p < 0.05)."""
+    text = _text(results, text)
+    out = {k: [] for k in ("start", "end", "end_se", "end_p", "closed", "tail_change", "to_original",
+                           "control_to_original")}
+    ss = [s for s in seeds(results, arm) if s in seeds(results, CONTROL)]
+    if not ss:
+        raise KeyError(f"no seed has both a run of {arm!r} and of the control")
+    orig = original_loss(results, text)
+    for s in ss:
+        steps, g = gap_curve(results, arm, s, text)
+        w = window_gap(results, arm, s, text)
+        if not math.isclose(w["mean"], g[-1], rel_tol=1e-6, abs_tol=1e-6):
+            raise ValueError(f"seed {s}: the final gap over windows ({w['mean']}) is not the curve's last "
+                             f"point ({g[-1]})")
+        back = int(np.searchsorted(steps, steps[-1] - tail))
+        out["start"].append(float(g[0]))
+        out["end"].append(float(g[-1]))
+        out["end_se"].append(w["se"])
+        out["end_p"].append(w["p"])
+        out["closed"].append(1 - float(g[-1]) / float(g[0]) if g[0] != 0 else float("nan"))
+        out["tail_change"].append(float(g[-1] - g[back]))
+        out["to_original"].append(float(curve(results, arm, s, text)[1][-1]) - orig)
+        out["control_to_original"].append(float(curve(results, CONTROL, s, text)[1][-1]) - orig)
+    sign = np.sign(out["end"][0])
+    out["same_sign"] = bool(all(np.sign(e) == sign and p < 0.05 for e, p in zip(out["end"], out["end_p"])))
+    out["seeds"] = ss
+    out["arm"], out["text"], out["tail"] = arm, text, tail
+    return out
+
+
+def recovery_rows(results: dict, text: Optional[str] = None, digits: int = 3) -> list[list]:
+    """Table rows, one per arm other than the control: arm, gap at step 0, final gap per
+    seed (± se over windows), fraction closed (range over seeds), change over the last 100
+    steps (range), final loss − the original model's (range)."""
+    def rng(v, fmt):
+        lo, hi = min(v), max(v)
+        return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)} to {fmt.format(hi)}"
+
+    rows = []
+    for arm in arms(results):
+        if arm == CONTROL:
+            continue
+        g = gap_summary(results, arm, text)
+        f = f"{{:+.{digits}f}}"
+        rows.append([arm, rng(g["start"], f"{{:.{digits - 1}f}}"),
+                     "; ".join(f"{e:+.{digits}f} ± {se:.{digits}f}" for e, se in zip(g["end"], g["end_se"])),
+                     rng([100 * c for c in g["closed"]], "{:.1f} %"),
+                     rng(g["tail_change"], f), rng(g["to_original"], f)])
+    return rows

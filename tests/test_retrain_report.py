@@ -1,0 +1,144 @@
+"""qkmlp.pretrained.retrain.report and .plots on synthetic results whose gaps are known by
+construction (the numbers below are written from the construction, not read back)."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from qkmlp.pretrained.retrain import plots, report as R
+
+STEPS = [0, 10, 50, 100, 200, 300]
+TEXTS = ["doc", "code"]
+ORIG = {"doc": 3.0, "code": 2.5}
+
+
+def _run(arm, seed, offsets, rng):
+    """A run whose per-window loss is control(step) + offset(step) + window noise (the
+    same noise in every arm of one seed, so paired gaps are exact at the windows' level
+    up to the arm's own noise)."""
+    heldout, before, after = {}, {}, {}
+    for t in TEXTS:
+        base = ORIG[t] - 0.2 * np.log1p(np.array(STEPS)) / np.log1p(300)       # the control's curve
+        curve = base + offsets[t]
+        heldout[t] = curve.tolist()
+        w_noise = rng[t]                                                       # shared window noise
+        w_noise = w_noise - w_noise.mean()
+        own = np.array([0.01, -0.01, 0.02, -0.02]) if arm != "gated" else np.zeros(4)
+        before[t] = (curve[0] + w_noise).tolist()
+        after[t] = (curve[-1] + w_noise + own).tolist()
+    rec = {"arm": arm, "seed": seed, "curve": {"step": STEPS, "heldout": heldout},
+           "windows_before": before, "windows_after": after,
+           "lr_per_step": [1e-4 * min(1, (i + 1) / 15) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * i / 300)))
+                           for i in range(300)]}
+    if arm == "gated":
+        rec["heldout_transformers"] = {t: [ORIG[t] + x for x in rng[t] - rng[t].mean()] for t in TEXTS}
+    return rec
+
+
+def results(gap_end=(0.3, 0.25), arms_=("gated", "symmetrized")):
+    runs = []
+    for seed, ge in zip((0, 1), gap_end):
+        rng = {t: np.random.default_rng([seed, i]).normal(0, 0.3, 4) for i, t in enumerate(TEXTS)}
+        # the arm's offset decays from 2.0 at step 0 to ge at the end, the same on both texts
+        off = 2.0 + (ge - 2.0) * np.array(STEPS) / 300
+        for arm in arms_:
+            o = np.zeros(len(STEPS)) if arm == "gated" else off
+            runs.append(_run(arm, seed, {t: o for t in TEXTS}, rng))
+    return {"meta": {}, "tuning": {}, "texts": {t: {} for t in TEXTS},
+            "config": {"arm_blocks": [["gated", "symmetrized", "symmetric"]], "main_text": "doc",
+                       "heldout_texts": ["code", "doc"]},
+            "runs": runs}
+
+
+def test_arms_seeds_texts_and_curves():
+    res = results()
+    assert R.arms(res) == ["gated", "symmetrized"]
+    assert R.seeds(res) == [0, 1] and R.texts(res) == ["doc", "code"]
+    s, gap = R.gap_curve(res, "symmetrized", 1, "code")
+    assert s.tolist() == STEPS
+    np.testing.assert_allclose(gap, 2.0 + (0.25 - 2.0) * np.array(STEPS) / 300, atol=1e-12)
+    assert R.original_loss(res, "code") == pytest.approx(2.5)
+
+
+def test_gap_summary_reads_the_construction():
+    g = R.gap_summary(results(), "symmetrized")
+    assert g["seeds"] == [0, 1]
+    np.testing.assert_allclose(g["start"], [2.0, 2.0], atol=1e-12)
+    np.testing.assert_allclose(g["end"], [0.3, 0.25], atol=1e-12)
+    np.testing.assert_allclose(g["closed"], [1 - 0.3 / 2, 1 - 0.25 / 2], atol=1e-12)
+    # the last 100 steps (200 -> 300) of a linear decay from 2.0 to ge over 300 steps
+    np.testing.assert_allclose(g["tail_change"], [(0.3 - 2.0) / 3, (0.25 - 2.0) / 3], atol=1e-12)
+    # the windows' own noise (±0.01, ±0.02, mean 0): sd of [0.01, -0.01, 0.02, -0.02] / 2
+    se = np.std([0.01, -0.01, 0.02, -0.02], ddof=1) / 2
+    np.testing.assert_allclose(g["end_se"], [se, se], atol=1e-12)
+    assert all(p < 1e-3 for p in g["end_p"]) and g["same_sign"]
+    ctrl_end = ORIG["doc"] - 0.2
+    np.testing.assert_allclose(g["control_to_original"], [ctrl_end - 3.0] * 2, atol=1e-12)
+    np.testing.assert_allclose(g["to_original"], [ctrl_end + 0.3 - 3.0, ctrl_end + 0.25 - 3.0], atol=1e-12)
+
+
+def test_a_gap_of_changing_sign_or_unresolved_is_not_same_sign():
+    assert not R.gap_summary(results(gap_end=(0.3, -0.3)), "symmetrized")["same_sign"]
+    assert not R.gap_summary(results(gap_end=(0.3, 0.001)), "symmetrized")["same_sign"]
+
+
+def test_recovery_rows():
+    rows = R.recovery_rows(results())
+    assert len(rows) == 1 and rows[0][0] == "symmetrized"
+    assert rows[0][1] == "2.00" and rows[0][2].startswith("+0.300 ± ") and "; +0.250 ± " in rows[0][2]
+    assert rows[0][3] == "85.0 % to 87.5 %"
+
+
+def test_schedule_at():
+    res = results()
+    assert R.schedule_at(res, 14) == pytest.approx(1.0, abs=1e-3)
+    assert R.schedule_at(res, 299) == pytest.approx(0.1, abs=1e-3)
+
+
+def test_bad_input_is_refused(tmp_path):
+    res = results()
+    with pytest.raises(KeyError, match="no held-out text 'poem'"):
+        R.curve(res, "gated", 0, "poem")
+    with pytest.raises(KeyError, match="no stored run of arm 'symmetric'"):
+        R.run_of(res, "symmetric", 0)
+    with pytest.raises(ValueError, match="'before' or 'after'"):
+        R.window_gap(res, "symmetrized", 0, when="during")
+    bad = results()
+    bad["runs"][1]["curve"]["step"] = STEPS[:-1] + [301]
+    with pytest.raises(ValueError, match="different steps"):
+        R.gap_curve(bad, "symmetrized", 0)
+    bad = results()
+    bad["runs"][2]["heldout_transformers"]["doc"][0] += 1.0
+    with pytest.raises(ValueError, match="disagree on the original model"):
+        R.original_loss(bad)
+    bad = results()
+    bad["runs"][1]["curve"]["heldout"]["doc"][-1] += 0.1      # curve and windows out of step
+    with pytest.raises(ValueError, match="not the curve's last point"):
+        R.gap_summary(bad, "symmetrized")
+    p = tmp_path / "r.json"
+    p.write_text(json.dumps({"meta": {}, "runs": []}))
+    with pytest.raises(ValueError, match="not a retraining results file: no config, tuning, texts"):
+        R.load_retrain(p)
+    p.write_text(json.dumps({**results(), "runs": []}))
+    with pytest.raises(ValueError, match="no main runs"):
+        R.load_retrain(p)
+
+
+def test_plots_draw_every_arm_and_seed():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = results()
+    fig, (a1, a2) = plt.subplots(1, 2)
+    plots.plot_recovery(res, a1)
+    plots.plot_gaps(res, a2, "code")
+    assert len(a1.get_lines()) == 4 + 1 and a2.get_yscale() == "log" and len(a2.get_lines()) == 2
+    np.testing.assert_allclose(a2.get_lines()[1].get_ydata(), R.gap_curve(res, "symmetrized", 1, "code")[1])
+    fig2, a3 = plt.subplots()
+    plots.plot_gaps(results(gap_end=(0.3, -0.3)), a3)
+    assert a3.get_yscale() == "symlog"
+    plt.close("all")
