@@ -89,7 +89,7 @@ def test_recovery_rows():
     rows = R.recovery_rows(results())
     assert len(rows) == 1 and rows[0][0] == "symmetrized"
     assert rows[0][1] == "2.00" and rows[0][2].startswith("+0.300 ± ") and "; +0.250 ± " in rows[0][2]
-    assert rows[0][3] == "85.0 % to 87.5 %"
+    assert rows[0][3] == "85.0\u00a0% to 87.5\u00a0%"
 
 
 def test_schedule_at():

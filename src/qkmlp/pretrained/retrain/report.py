@@ -178,6 +178,6 @@ def recovery_rows(results: dict, text: Optional[str] = None, digits: int = 3) ->
         f = f"{{:+.{digits}f}}"
         rows.append([arm, rng(g["start"], f"{{:.{digits - 1}f}}"),
                      "; ".join(f"{e:+.{digits}f} ± {se:.{digits}f}" for e, se in zip(g["end"], g["end_se"])),
-                     rng([100 * c for c in g["closed"]], "{:.1f} %"),
+                     rng([100 * c for c in g["closed"]], "{:.1f}\u00a0%"),
                      rng(g["tail_change"], f), rng(g["to_original"], f)])
     return rows
