@@ -35,7 +35,7 @@ CHROMIUM_ARGS = [
     "--disable-quic", "--no-first-run", "--disable-component-update", "--disable-sync",
     "--disable-default-apps", "--disable-extensions",
 ]
-DEFAULT_PAGES = ("book/08_experiments", "book/09_pretrained", "book/10_cost")
+DEFAULT_PAGES = ("book/08_experiments", "book/09_pretrained", "book/10_cost", "book/11_retrain")
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 
 # Wait until the page is as a reader sees it: images decoded, MathJax done, the site

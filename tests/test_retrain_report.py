@@ -89,7 +89,25 @@ def test_recovery_rows():
     rows = R.recovery_rows(results())
     assert len(rows) == 1 and rows[0][0] == "symmetrized"
     assert rows[0][1] == "2.00" and rows[0][2].startswith("+0.300 ± ") and "; +0.250 ± " in rows[0][2]
-    assert rows[0][3] == "85.0 % to 87.5 %"
+    assert rows[0][3] == "85.0\u00a0% to 87.5\u00a0%"
+
+
+def test_window_gap_between_two_arms():
+    # a third arm whose end windows are the symmetrised arm's plus known per-window amounts
+    res = results(arms_=("gated", "symmetrized", "swapped"))
+    res["config"]["arm_blocks"] = [["gated", "symmetrized", "symmetric"], ["swapped"]]
+    extra = np.array([0.10, 0.12, 0.08, 0.10])
+    for r in res["runs"]:
+        if r["arm"] == "swapped" and r["seed"] == 0:
+            sz = R.run_of(res, "symmetrized", 0)
+            r["windows_after"]["doc"] = (np.array(sz["windows_after"]["doc"]) + extra).tolist()
+    w = R.window_gap(res, "symmetrized", 0, "doc", against="swapped")
+    assert w["mean"] == pytest.approx(-0.10, abs=1e-12) and w["n"] == 4
+    assert w["se"] == pytest.approx(np.std(extra, ddof=1) / 2, abs=1e-12) and w["p"] < 0.01
+    # the default reference is still the control: symmetrised − control is 0.3 by construction
+    assert R.window_gap(res, "symmetrized", 0, "doc")["mean"] == pytest.approx(0.3, abs=1e-12)
+    with pytest.raises(ValueError, match="gap to itself"):
+        R.window_gap(res, "swapped", 0, against="swapped")
 
 
 def test_schedule_at():

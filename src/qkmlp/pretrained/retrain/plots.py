@@ -22,6 +22,15 @@ ARM_LABELS = {"gated": "gated σ(a)b (control)", "symmetrized": "symmetrised ½[
 _STYLES = ["-", "--", ":", "-."]
 
 
+def _plain_ticks(ax, axis: str = "y"):
+    # ticks at 1, 2, 3, 5, 7 times a power of ten, written '3', '0.5' (not 3×10⁰)
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+    a = ax.yaxis if axis == "y" else ax.xaxis
+    a.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0, 7.0)))
+    a.set_major_formatter(FormatStrFormatter("%g"))
+    a.set_minor_formatter(NullFormatter())
+
+
 def _xsteps(steps: np.ndarray) -> np.ndarray:
     # step 0 on a log axis: drawn at step 1 (the axis is labelled so)
     return np.maximum(steps, 1)
@@ -39,6 +48,7 @@ def plot_recovery(results: dict, ax, text: Optional[str] = None, *, legend: bool
     ax.axhline(R.original_loss(results, text), color="grey", ls=":", lw=1.2, label="model as trained")
     ax.set(xscale="log", yscale="log", xlabel="step (step 0 at 1)", ylabel="held-out loss, nats/token",
            title=text)
+    _plain_ticks(ax)
     if legend:
         ax.legend(fontsize="small")
     return ax
@@ -61,6 +71,7 @@ def plot_gaps(results: dict, ax, text: Optional[str] = None, *, legend: bool = T
                     label=f"{arm}, seed {s}")
     if lows and min(lows) > 0:
         ax.set_yscale("log")
+        _plain_ticks(ax)
     else:
         ax.set_yscale("symlog", linthresh=0.01)
         ax.axhline(0, color="grey", lw=0.8)

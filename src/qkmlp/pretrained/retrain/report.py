@@ -101,18 +101,22 @@ def original_loss(results: dict, text: Optional[str] = None) -> float:
     return vals.pop()
 
 
-def window_gap(results: dict, arm: str, seed: int, text: Optional[str] = None, when: str = "after") -> dict:
-    """The paired gap arm − control over the held-out windows at the start (``when="before"``)
-    or the end (``"after"``) of one seed's runs: ``mean``, ``se`` (over windows), ``t``,
-    the two-sided ``p`` of a paired t-test, ``n`` windows."""
+def window_gap(results: dict, arm: str, seed: int, text: Optional[str] = None, when: str = "after",
+               against: str = CONTROL) -> dict:
+    """The paired gap arm − ``against`` (default: the control) over the held-out windows at
+    the start (``when="before"``) or the end (``"after"``) of one seed's runs: ``mean``,
+    ``se`` (over windows), ``t``, the two-sided ``p`` of a paired t-test, ``n`` windows.
+    Two arms of one seed saw the same batches, so any two of them pair window by window."""
     from ..report import paired_t
 
     if when not in ("before", "after"):
         raise ValueError(f"when must be 'before' or 'after', got {when!r}")
+    if arm == against:
+        raise ValueError(f"an arm's gap to itself is zero by construction; got arm = against = {arm!r}")
     text = _text(results, text)
     key = f"windows_{when}"
     a = run_of(results, arm, seed)[key][text]
-    c = run_of(results, CONTROL, seed)[key][text]
+    c = run_of(results, against, seed)[key][text]
     return {**paired_t(c, a), "n": len(a)}
 
 
@@ -178,6 +182,6 @@ def recovery_rows(results: dict, text: Optional[str] = None, digits: int = 3) ->
         f = f"{{:+.{digits}f}}"
         rows.append([arm, rng(g["start"], f"{{:.{digits - 1}f}}"),
                      "; ".join(f"{e:+.{digits}f} ± {se:.{digits}f}" for e, se in zip(g["end"], g["end_se"])),
-                     rng([100 * c for c in g["closed"]], "{:.1f} %"),
+                     rng([100 * c for c in g["closed"]], "{:.1f}\u00a0%"),
                      rng(g["tail_change"], f), rng(g["to_original"], f)])
     return rows
