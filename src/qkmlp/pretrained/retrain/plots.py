@@ -50,7 +50,7 @@ def plot_recovery(results: dict, ax, text: Optional[str] = None, *, legend: bool
            title=text)
     _plain_ticks(ax)
     if legend:
-        ax.legend(fontsize="small")
+        ax.legend()
     return ax
 
 
@@ -77,5 +77,5 @@ def plot_gaps(results: dict, ax, text: Optional[str] = None, *, legend: bool = T
         ax.axhline(0, color="grey", lw=0.8)
     ax.set(xscale="log", xlabel="step (step 0 at 1)", ylabel="gap to the control, nats/token", title=text)
     if legend:
-        ax.legend(fontsize="small")
+        ax.legend()
     return ax
