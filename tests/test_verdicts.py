@@ -227,3 +227,24 @@ def test_status_text_says_what_is_stored_and_what_the_trend_can_say():
                                 verdicts.multiplier_status(mult, two, rows, n_boot=20), labels)
     assert "two budgets only" in text and "SwiGLU gains with compute" in text     # a's lead grows by 0.01
     assert "needs" in text and "times the steps to match SwiGLU at 1\u202f500" in text
+
+
+def test_status_text_words_a_multiplier_outside_the_grid_as_declared():
+    # rows as multiplier_status makes them; the words are checked against the declaration's
+    # "beyond the grid" and the factor the grid reaches (24 000 / 1 500 = 16)
+    labels = {"b": "control b", "c": "control c", "d": "control d"}
+    budget = [{"a": "a", "b": x, "steps": s, "verdict": "a lower"} for x in "bcd" for s in (1500, 6000, 24000)]
+    trend = {"status": "not yet run", "rows": []}
+    mult = [{"a": "a", "b": "b", "steps": 1500, "status": "estimated", "multiplier": math.inf,
+             "ci": (9.5, math.inf), "outside_grid": 0.93},
+            {"a": "a", "b": "c", "steps": 1500, "status": "estimated", "multiplier": 5.04,
+             "ci": (2.51, math.inf), "outside_grid": 0.04},
+            {"a": "a", "b": "d", "steps": 6000, "status": "estimated", "multiplier": 1.44,
+             "ci": (1.21, 1.69), "outside_grid": 0.0}]
+    text = verdicts.status_text(budget, trend, mult, labels)
+    assert "inf" not in text
+    assert ("the control b does not reach SwiGLU's loss at 1\u202f500 within the grid: beyond the grid "
+            "(more than 16 times the steps; 93 % of the seed resamples outside it)") in text
+    assert ("the control c needs 5 times the steps to match SwiGLU at 1\u202f500 "
+            "(95 % interval 2.5 to beyond the grid, which reaches 16)") in text
+    assert "the control d needs 1.4 times the steps to match SwiGLU at 6\u202f000 (95 % interval 1.2 to 1.7)" in text

@@ -22,6 +22,8 @@ oriented so that a positive difference means the first family (a) is better.
 """
 from __future__ import annotations
 
+import math
+
 import re
 from typing import Mapping, Optional, Sequence, Union
 
@@ -285,6 +287,21 @@ def _and(items: Sequence[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
+def _multiplier_words(r: dict, labels: Mapping[str, str], a: str, largest: int) -> str:
+    """One estimated multiplier in words. inf (b does not reach a's loss within the grid) is
+    "beyond the grid", as the declaration words it, with the factor the grid does reach;
+    an interval end at inf or 0.0 lies beyond or below the grid."""
+    b, steps, (lo, hi) = labels[r["b"]], _steps(r["steps"]), r["ci"]
+    reach = f"{largest / r['steps']:g}"
+    if r["multiplier"] == math.inf:
+        return (f"the {b} does not reach {a}'s loss at {steps} within the grid: beyond the grid (more than "
+                f"{reach} times the steps; {100 * r['outside_grid']:.0f} % of the seed resamples outside it)")
+    lo_w = "below the grid" if lo == 0.0 else f"{lo:.2g}"
+    hi_w = f"beyond the grid, which reaches {reach}" if hi == math.inf else f"{hi:.2g}"
+    return (f"the {b} needs {r['multiplier']:.2g} times the steps to match {a} at {steps} "
+            f"(95 % interval {lo_w} to {hi_w})")
+
+
 def status_text(budget: list[dict], trend: dict, multiplier: list[dict], labels: Mapping[str, str],
                 a: str = "SwiGLU") -> str:
     """What the stored budgets allow, in words (Markdown without math): which budgets are
@@ -313,9 +330,8 @@ def status_text(budget: list[dict], trend: dict, multiplier: list[dict], labels:
     est = [r for r in multiplier if r["status"] == "estimated"]
     unresolved = [r for r in multiplier if r["status"] == "not resolved"]
     if est:
-        out.append("**Compute multiplier:** " + "; ".join(
-            f"the {labels[r['b']]} needs {r['multiplier']:.2g} times the steps to match {a} at "
-            f"{_steps(r['steps'])} (95 % interval {r['ci'][0]:.2g} to {r['ci'][1]:.2g})" for r in est) + ".")
+        out.append("**Compute multiplier:** " + "; ".join(_multiplier_words(r, labels, a, max(stored))
+                                                          for r in est) + ".")
     if unresolved:
         out.append(f"**Compute multiplier, not resolved** (the declared test shows no lead for {a} there): "
                    + _and([f"against the {labels[r['b']]} at {_steps(r['steps'])}" for r in unresolved]) + ".")
