@@ -794,3 +794,31 @@ def test_tau_bootstrap_point_values_match_kendall_and_the_ordering_counts():
     for k in ("all", "resolved"):
         lo, hi = out[k]["ci_change"]
         assert lo <= out[k]["change"] <= hi and out[k]["ci"][0] <= out[k]["tau"] <= out[k]["ci"][1]
+
+
+def test_twenty_seed_size_shares_the_24000_step_grid_and_its_records():
+    """compute_24000_twenty adds seeds 30-39 to compute_24000: same run config (so the same
+    folder of records and the stored tuning runs), same rates tried, seeds 20-39."""
+    from qkmlp.experiments.runner import _config_hash
+    from qkmlp.experiments.tasks import get_task
+
+    t = get_task("lm")
+    a, b = t.config("compute_24000"), t.config("compute_24000_twenty")
+    assert b["seeds"] == list(range(20, 40)) and a["seeds"] == list(range(20, 30))
+    assert b["records_of"] == "compute_24000"
+    drop = ("seeds", "records_of")
+    assert {k: v for k, v in a.items() if k not in drop} == {k: v for k, v in b.items() if k not in drop}
+    run_keys = ("seeds", "lrs", "tune_seeds", "families", "lr_extensions", "records_of")
+    assert _config_hash("lm", {k: v for k, v in b.items() if k not in run_keys}) == "8f817f1703c2"
+
+
+def test_run_records_say_which_cpu_computed_them():
+    from qkmlp.experiments.runner import run_cell
+
+    from qkmlp.experiments.tasks import get_task
+
+    rec = run_cell("digits", {"family": "kv-relu"}, 0, {**get_task("digits").quick, "lr": 0.01})
+    m = rec["machine"]
+    assert m["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert m["torch_threads"] == torch.get_num_threads() and m["torch"] == torch.__version__
+    assert isinstance(m["cpu"], str) and m["cpu"] and "numpy" in m

@@ -37,7 +37,8 @@ def main(argv=None) -> int:
                         "excerpt (the committed excerpt), long (a ten-times budget check), long_all (every family at "
                         "that length, tuned), replicate (SwiGLU against its symmetrised control at that "
                         "length, ten new seeds), compute_1500 / compute_6000 / compute_24000 (four families at "
-                        "three step budgets, the gap against compute) and gpu (a larger model)")
+                        "three step budgets, the gap against compute), compute_24000_twenty (the 24,000-step grid on "
+                        "twenty seeds, 20-39) and gpu (a larger model)")
     p.add_argument("--quick", action="store_true", help="the same as --size quick")
     p.add_argument("--device", default="cpu", help="cpu or cuda (cuda:0, ...)")
     p.add_argument("--seeds", type=int, default=None, help="number of evaluation seeds (default: the config's)")

@@ -43,7 +43,6 @@ import math
 import os
 import platform
 import socket
-import subprocess
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional
@@ -51,6 +50,7 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from .. import __version__
+from ..runbase.provenance import IMPORT_GIT, machine, run_machine, versions
 from .stats import mean_sd, paired_comparison
 from .tasks import get_task
 
@@ -59,8 +59,8 @@ __all__ = ["RUN_CODE_VERSION", "run_grid", "run_cell", "rerun", "save_results", 
 
 _CELL_FIELDS = ("teacher", "family", "m_kv")
 # Fields that say where, when, how fast and by which code a run was computed, not what it computed.
-_PROVENANCE = ("wall_s", "rank", "host", "reused_from_budget", "git_commit", "git_dirty", "code_version",
-               "task_version")
+_PROVENANCE = ("wall_s", "rank", "host", "machine", "reused_from_budget", "git_commit", "git_dirty",
+               "code_version", "task_version")
 
 #: The version of the code every run shares (the training loop, the layers, their
 #: initialisation). It and the task's own ``Task.version`` (its data and model) are part of
@@ -82,51 +82,16 @@ def _cell(rec: dict) -> dict:
     return {k: rec[k] for k in _CELL_FIELDS if k in rec}
 
 
-# The code a process runs is the code it imported: record the commit and the state of the
-# checkout at import time (the checkout may move on while a long grid runs).
-def _git_commit() -> Optional[str]:
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        return subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10).stdout.strip() or None
-    except Exception:
-        return None
-
-
-def _git_dirty() -> Optional[bool]:
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        out = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-                             capture_output=True, text=True, timeout=10)
-        return bool(out.stdout.strip()) if out.returncode == 0 else None
-    except Exception:
-        return None
-
-
-_IMPORT_COMMIT = _git_commit() or "unknown"
-_IMPORT_DIRTY = _git_dirty()
+_IMPORT_COMMIT = IMPORT_GIT["git_commit"] or "unknown"
+_IMPORT_DIRTY = IMPORT_GIT["git_dirty"]
 
 
 def _versions() -> dict:
-    import numpy
-    import scipy
-
-    v = {"torch": torch.__version__, "numpy": numpy.__version__, "scipy": scipy.__version__,
-         "python": platform.python_version()}
-    try:
-        import sklearn
-        v["scikit-learn"] = sklearn.__version__
-    except ImportError:
-        v["scikit-learn"] = None
-    return v
+    return versions("scipy", "scikit-learn")
 
 
 def _hardware(device: torch.device) -> dict:
-    hw = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-          "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "host": socket.gethostname()}
-    if device.type == "cuda":
-        hw["gpu"] = torch.cuda.get_device_name(device)
-    return hw
+    return machine(device)
 
 
 def _round(obj, digits: int = 5):
@@ -166,8 +131,8 @@ def run_cell(task: str, cell: dict, seed: int, config: Optional[dict] = None, de
     start = time.perf_counter()
     rec = t.run(cell, seed, cfg, dev, progress)
     return {**cell, "seed": seed, "lr": cfg["lr"], **rec, "wall_s": time.perf_counter() - start,
-            "host": socket.gethostname(), "git_commit": _IMPORT_COMMIT, "git_dirty": _IMPORT_DIRTY,
-            "code_version": RUN_CODE_VERSION, "task_version": t.version}
+            "host": socket.gethostname(), "machine": run_machine(), "git_commit": _IMPORT_COMMIT,
+            "git_dirty": _IMPORT_DIRTY, "code_version": RUN_CODE_VERSION, "task_version": t.version}
 
 
 def _next_lr(lr: float, factor: float) -> float:
@@ -397,7 +362,8 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
     dev = _resolve_device(device)
     grid = cells if cells is not None else t.cells(cfg)
     run_cfg = {k: v for k, v in cfg.items()
-               if k not in ("seeds", "lrs", "tune_seeds", "families", "teachers", "lr_extensions", "reuse_budgets")}
+               if k not in ("seeds", "lrs", "tune_seeds", "families", "teachers", "lr_extensions", "reuse_budgets",
+                            "records_of")}
     budgets = list(cfg.get("reuse_budgets", []))
     if budgets:
         if cfg.get("schedule", "constant") != "constant" or cfg.get("warmup_frac", 0) or cfg.get("warmup", 0):
@@ -410,9 +376,11 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
                              f"of eval_every ({cfg['eval_every']}); got {bad}")
     folder, earlier = None, []
     if cache is not None:
-        folder = Path(cache) / f"{task}-{size}-{_config_hash(task, run_cfg)}"
+        # a size that adds seeds to another size's grid shares that size's folder of records
+        home = cfg.get("records_of", size)
+        folder = Path(cache) / f"{task}-{home}-{_config_hash(task, run_cfg)}"
         folder.mkdir(parents=True, exist_ok=True)
-        earlier = [(b, Path(cache) / f"{task}-{size}-{_config_hash(task, {**run_cfg, 'max_steps': b})}")
+        earlier = [(b, Path(cache) / f"{task}-{home}-{_config_hash(task, {**run_cfg, 'max_steps': b})}")
                    for b in sorted(budgets, reverse=True)]
     exchange = _Exchange(rank, world, folder, dist_group, poll_s)
 

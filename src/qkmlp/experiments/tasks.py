@@ -146,7 +146,7 @@ def _build(family, d_in, d_out, budget, seed, device):
 
 # Keys every task's protocol reads (the runner), and the training options of the toy tasks'
 # shared loop (_fit_eval); a task's own sizes name the rest.
-_PROTOCOL_KEYS = {"lr", "lrs", "tune_seeds", "seeds", "families", "lr_extensions", "reuse_budgets"}
+_PROTOCOL_KEYS = {"lr", "lrs", "tune_seeds", "seeds", "families", "lr_extensions", "reuse_budgets", "records_of"}
 _TOY_OPTIONS = ("schedule", "warmup_frac", "lr_drops", "drop_factor", "optimizer", "weight_decay", "batch_size")
 
 
@@ -604,7 +604,15 @@ TASKS: dict[str, Task] = {
                **{f"compute_{steps}": dict(families=COMPUTE_FAMILIES, tune_seeds=[102, 103], seeds=list(range(20, 30)),
                                            **{**_lm.SIZES["cpu"], "max_steps": steps, "eval_every": steps // 30,
                                               "patience": 1000, "lrs": lrs})
-                  for steps, lrs in COMPUTE_BUDGETS.items()}},
+                  for steps, lrs in COMPUTE_BUDGETS.items()},
+               # Ten more evaluation seeds (30-39) for the 24,000-step grid, at its stored rates:
+               # the same configuration, so the records share compute_24000's folder (its tuning
+               # records are read, nothing is retuned). The twenty-seed test was declared first,
+               # in book/data/experiments/declared/lm24k-twenty-seeds.json (chapter 8).
+               "compute_24000_twenty": dict(families=COMPUTE_FAMILIES, tune_seeds=[102, 103],
+                                            seeds=list(range(20, 40)), records_of="compute_24000",
+                                            **{**_lm.SIZES["cpu"], "max_steps": 24000, "eval_every": 800,
+                                               "patience": 1000, "lrs": COMPUTE_BUDGETS[24000]})},
         cells=_family_cells, run=_lm.lm_run, metric="test_loss", higher_is_better=False,
         description="character-level language model on Shakespeare's plays (split by play); "
                     "only the feed-forward blocks change; metric: test nats per character",

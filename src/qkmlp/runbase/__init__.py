@@ -1,0 +1,2 @@
+"""The run base the pipelines share (``experiments``, ``pretrained``, ``pretrained.retrain``,
+``bench``): provenance of every stored result and run record (:mod:`.provenance`)."""
