@@ -421,3 +421,85 @@ if __name__ == "__main__":
         print(f"wrote {REFERENCE}")
     else:
         sys.exit("usage: python tests/test_retrain.py --write-reference")
+
+
+# --- the distance-matched control (chapter 11) --------------------------------------------
+
+class PlainPartialSwap(nn.Module):
+    """σ(b)·a in the given units, σ(a)·b elsewhere, on the HF MLP's own weights."""
+
+    def __init__(self, mlp, units):
+        super().__init__()
+        self.gate, self.up, self.down = (copy.deepcopy(getattr(mlp, n).weight) for n in ("gate_proj", "up_proj", "down_proj"))
+        self.mask = torch.zeros(self.gate.shape[0], dtype=torch.bool)
+        self.mask[list(units)] = True
+
+    def forward(self, x):
+        a, b = x @ self.gate.T, x @ self.up.T
+        return torch.where(self.mask, F.silu(b) * a, F.silu(a) * b) @ self.down.T
+
+
+def test_partially_swapped_arm_is_the_plain_formula_with_fixed_nested_units(ids):
+    hf = tiny_llama()
+    m = hf.config.intermediate_size
+    units = {}
+    for f in (0.25, 0.5):
+        ref = copy.deepcopy(hf)
+        units[f] = []
+        for i, layer in enumerate(ref.model.layers):
+            # the draw the declaration states: randperm(m) from a generator seeded with the layer index
+            u = torch.randperm(m, generator=torch.Generator().manual_seed(i))[:round(f * m)].tolist()
+            units[f].append(set(u))
+            layer.mlp = PlainPartialSwap(layer.mlp, u)
+        model = copy.deepcopy(hf)
+        R.build_arm(model, core.partial_swap_arm(f))
+        with torch.no_grad():
+            got = model(input_ids=ids, use_cache=False).logits
+            want = ref(input_ids=ids, use_cache=False).logits
+            plain = hf(input_ids=ids, use_cache=False).logits
+        assert torch.allclose(got, want, rtol=0, atol=1e-12), (got - want).abs().max()
+        assert (got - plain).abs().max() > 1e-3
+        assert all(len(u) == round(f * m) for u in units[f])
+    assert all(a < b for a, b in zip(units[0.25], units[0.5]))       # nested
+    assert units[0.5][0] != units[0.5][1]                              # drawn per layer
+    # exchanging the swapped units back gives the control exactly
+    from qkmlp.pretrained.surgery import gated_mlps
+    g = gated_mlps(hf)[1]
+    h = core.partially_swapped(g, 0.5, 1)
+    back = core.partially_swapped(h, 0.5, 1)
+    assert torch.equal(back.query_weight, g.query_weight) and torch.equal(back.key_weight, g.key_weight)
+    assert type(h) is type(g) and h.activation.name == g.activation.name
+
+
+def test_partial_swap_arm_names_are_checked():
+    assert core.partial_swap_arm(0.2304) == "swapped-f0.230"
+    for bad in (0.0, 1.0, -0.1, 0.0004, 1.2):
+        with pytest.raises(ValueError, match="fraction must lie in"):
+            core.partial_swap_arm(bad)
+    with pytest.raises(ValueError, match="unknown arm"):
+        R.build_arm(tiny_llama(), "swapped-f0.2")
+    assert tiny_cfg(arm_blocks=[["gated", "swapped-f0.125"]])["arm_blocks"] == [["gated", "swapped-f0.125"]]
+
+
+def test_match_fraction_finds_the_start_of_a_target_arm():
+    from qkmlp.pretrained.retrain.matching import match_fraction, start_loss
+
+    cfg = tiny_cfg()
+    data = tiny_data(cfg)
+    model = tiny_llama()
+    full = start_loss(model, data, "swapped")["mean"]
+    none = start_loss(model, data, "gated")["mean"]
+    assert full > none + 0.01
+    target = none + 0.4 * (full - none)
+    got = match_fraction(model, data, target, eval_batch=2)
+    # recomputed independently: the start of the returned fraction, and the two neighbours
+    # of the final bracket lie on either side of the target
+    f = got["fraction"]
+    assert abs(start_loss(model, data, core.partial_swap_arm(f))["mean"] - got["start"]) < 1e-12
+    evals = {e["fraction"]: e["start"] for e in got["evaluations"]}
+    below = max(k for k, v in evals.items() if v < target)
+    above = min(k for k, v in evals.items() if v >= target and k > below)
+    assert round(above - below, 3) == 0.001 and f in (below, above)
+    assert abs(got["start"] - target) <= max(abs(evals[below] - target), abs(evals[above] - target))
+    with pytest.raises(ValueError, match="outside the starts"):
+        match_fraction(model, data, full + 10.0)

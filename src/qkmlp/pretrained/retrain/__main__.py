@@ -3,6 +3,10 @@
 Each finished run is written at once as its own record file (``--records``); the
 results file (``--out``) is assembled from the records at the end, or at any time with
 ``--assemble`` (nothing is trained then; ``--allow-missing`` writes a partial file).
+``--match ARM ...`` trains nothing either: it finds, on the validation texts, the fraction of
+swapped units whose control starts as far away as each symmetric arm and writes it to
+``book/data/pretrained/retrain_matching.json`` (chapter 11's distance-matched controls, then
+run as ``--arms swapped-f0.xxx``).
 """
 from __future__ import annotations
 
@@ -55,7 +59,12 @@ def main(argv=None) -> int:
                    "book/data/pretrained/retrain_runs for the default size, else the cache folder)")
     p.add_argument("--checkpoints", type=Path, help="folder for checkpoints of runs in progress "
                    "(default: ~/.cache/qkmlp/retrain/checkpoints)")
-    p.add_argument("--arms", nargs="+", help="run only these arms (the control is always kept)")
+    p.add_argument("--arms", nargs="+", help="run only these arms (the control is always kept); swapped-f0.xxx is "
+                   "the control with q and k exchanged in that fraction of its units")
+    p.add_argument("--match", nargs="+", metavar="ARM", help="train nothing: find the fraction f of swapped "
+                   "units whose start matches each ARM's on the validation texts, write --matching")
+    p.add_argument("--matching", type=Path, default=_BOOK / "retrain_matching.json",
+                   help="where --match writes (default: %(default)s)")
     p.add_argument("--seeds", nargs="+", type=int, help="evaluation seeds (default: the config's)")
     p.add_argument("--part", type=_parse_part, default=(1, 1), help="k/n: this process's share of each phase")
     p.add_argument("--threads", type=int, help="torch.set_num_threads")
@@ -74,6 +83,8 @@ def main(argv=None) -> int:
     if args.arms:
         keep = set(args.arms) | {"gated"}
         cfg["arm_blocks"] = [[a for a in b if a in keep] for b in cfg["arm_blocks"]]
+        listed = {a for b in cfg["arm_blocks"] for a in b}
+        cfg["arm_blocks"] = [b for b in cfg["arm_blocks"] if b] + [[a for a in args.arms if a not in listed]]
         cfg["arm_blocks"] = [b for b in cfg["arm_blocks"] if b]
         cfg = config(args.size, **{**overrides, "arm_blocks": cfg["arm_blocks"]})
     here = cache_root() / "retrain"
@@ -87,6 +98,10 @@ def main(argv=None) -> int:
     command = "python -m qkmlp.pretrained.retrain " + shlex.join(sys.argv[1:] if argv is None else argv)
     grid = smollm2_grid(cfg, records, checkpoints, args.part, not args.no_progress, log)
     log(f"threads {torch.get_num_threads()}, run key {grid.key}, records in {records}")
+    if args.match:
+        from .matching import write_matching
+        log(f"wrote {write_matching(grid, args.match, args.matching, command=command, log=log)}")
+        return 0
     if not args.assemble:
         grid.run()
         if grid.computed:

@@ -10,8 +10,10 @@ so it can stop at a checkpoint and resume to the same record.
 """
 from __future__ import annotations
 
+import copy
 import math
 import os
+import re
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -24,7 +26,7 @@ from ...experiments.train import lr_at
 from ..heldout import heldout_windows, window_losses
 from ..surgery import decoder_layers, gated_mlps, replace_mlps, variant
 
-__all__ = ["ARMS", "build_arm", "set_trainable", "TextData", "token_ids", "draw_starts", "batch_at", "train_loss",
+__all__ = ["ARMS", "PARTIAL_SWAP", "partial_swap_arm", "partially_swapped", "build_arm", "set_trainable", "TextData", "token_ids", "draw_starts", "batch_at", "train_loss",
            "eval_points", "evaluate", "train_run", "Interrupted"]
 
 #: The arms, and the :func:`~qkmlp.pretrained.surgery.variant` each builds from a trained
@@ -38,6 +40,48 @@ ARMS = {
 }
 
 
+#: A partially swapped control: ``swapped-f0.230`` is the control's own layer with q and k
+#: exchanged in a fraction f = 0.230 of the hidden units of every layer (the units drawn by
+#: :func:`partially_swapped`, the same for every run). It is gated, breaks the exchange
+#: symmetry as the control does, and can represent the control exactly; f sets how far from
+#: the trained model it starts (chapter 11 matches it to a symmetric arm's starting loss).
+PARTIAL_SWAP = re.compile(r"^swapped-f(0\.\d{3})$")
+
+
+def partial_swap_arm(fraction: float) -> str:
+    """The arm name of the control swapped in a fraction ``fraction`` (three decimals, in (0, 1))."""
+    name = f"swapped-f{fraction:.3f}"
+    if not (0.0 < fraction < 1.0) or not PARTIAL_SWAP.match(name) or float(name[9:]) in (0.0, 1.0):
+        raise ValueError(f"fraction must lie in (0, 1) at three decimals, got {fraction!r}")
+    return name
+
+
+def _is_arm(arm: str) -> bool:
+    return arm in ARMS or (isinstance(arm, str) and PARTIAL_SWAP.match(arm) is not None)
+
+
+@torch.no_grad()
+def partially_swapped(g, fraction: float, layer_index: int):
+    """A copy of the rank-1 :class:`~qkmlp.GatedMLP` ``g`` with the query and key rows of
+    round(fraction·m) hidden units exchanged (σ(b)·a in those units, σ(a)·b in the rest).
+
+    The units are the first round(fraction·m) of a random permutation of the m units drawn
+    from a generator seeded with ``layer_index``: fixed for a layer, and nested in the
+    fraction (a larger fraction swaps a superset), so the starting loss moves steadily with it.
+    """
+    if g.rank != 1:
+        raise ValueError(f"partially_swapped needs a rank-1 GatedMLP, got rank {g.rank}")
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"fraction must lie in [0, 1], got {fraction!r}")
+    m = g.d_hidden
+    units = torch.randperm(m, generator=torch.Generator().manual_seed(int(layer_index)))[:round(fraction * m)]
+    new = copy.deepcopy(g)
+    q, k = new.query_weight, new.key_weight
+    q_sel, k_sel = q[units].clone(), k[units].clone()
+    q[units], k[units] = k_sel, q_sel
+    return new
+
+
 class Interrupted(RuntimeError):
     """Raised by :func:`train_run` when ``stop_after`` steps are done (tests of resuming)."""
 
@@ -45,9 +89,13 @@ class Interrupted(RuntimeError):
 def build_arm(model, arm: str) -> list[nn.Module]:
     """Replace every MLP of ``model`` (in place) by ``arm``'s layer built from its trained
     weights, make those layers' weights trainable, and return them (in layer order)."""
-    if arm not in ARMS:
-        raise ValueError(f"unknown arm {arm!r}; expected one of {', '.join(ARMS)}")
-    layers = [variant(g, ARMS[arm]) for g in gated_mlps(model)]
+    if not _is_arm(arm):
+        raise ValueError(f"unknown arm {arm!r}; expected one of {', '.join(ARMS)}, or swapped-f0.xxx "
+                         "(the control swapped in a fraction of its units)")
+    if (m := PARTIAL_SWAP.match(arm)) is not None:
+        layers = [partially_swapped(g, float(m.group(1)), i) for i, g in enumerate(gated_mlps(model))]
+    else:
+        layers = [variant(g, ARMS[arm]) for g in gated_mlps(model)]
     replace_mlps(model, dict(enumerate(layers)))
     for layer in layers:
         layer.requires_grad_(True)

