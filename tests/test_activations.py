@@ -17,7 +17,7 @@ EXPECTED = {
     "silu": F.silu,
     "tanh": torch.tanh,
     "sigmoid": torch.sigmoid,
-    "softplus": F.softplus,
+    "softplus": lambda z: torch.log1p(torch.exp(z)),
     "relu2": lambda z: F.relu(z) ** 2,
 }
 
@@ -84,3 +84,22 @@ def test_non_callable_rejected():
 def test_gelu_is_not_homogeneous_even_approximately():
     act = get_activation("gelu")
     assert not math.isclose(float(act(torch.tensor(2.0))), 2 * float(act(torch.tensor(1.0))), rel_tol=1e-3)
+
+
+def test_softplus_has_no_threshold():
+    """log(1 + eᶻ) everywhere (F.softplus returns z above 20): continuous, σ(z) − z > 0 and
+    σ' = sigmoid past the threshold, in float64; in float32 the same numbers as F.softplus."""
+    sp = get_activation("softplus")
+    z = torch.tensor([19.9999, 20.0, 20.0001, 25.0, 40.0, -30.0, -800.0, 800.0], dtype=torch.float64)
+    want = torch.where(z < 30, torch.log1p(torch.exp(z.clamp(max=30))), z + torch.exp(-z))
+    torch.testing.assert_close(sp(z), want, rtol=1e-15, atol=0)
+    # the tail e^-z past the threshold, where float64 can hold it next to z (z <= 25)
+    assert bool(((sp(z) - z)[:4] > 0).all()) and (sp(z)[:4] - z[:4] - torch.exp(-z[:4])).abs().max() < 1e-15
+    assert torch.isfinite(sp(z)).all() and abs(float(sp(z)[5]) / math.exp(-30) - 1) < 1e-12
+    zz = z.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(sp(zz).sum(), zz)
+    torch.testing.assert_close(g, torch.sigmoid(z), rtol=1e-15, atol=0)
+    z32 = torch.linspace(-40, 40, 4001)
+    ref = F.softplus(z32)            # float32: within one rounding of torch's own softplus
+    assert bool(((sp(z32) - ref).abs() <= torch.finfo(torch.float32).eps * ref.abs().clamp(min=1)).all())
+    assert torch.equal(sp(z32[z32 > 20]), F.softplus(z32[z32 > 20]))

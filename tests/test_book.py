@@ -131,18 +131,15 @@ def test_landing_page_and_metadata(book_build):
 
 
 def test_api_page_documents_every_public_module():
-    """book/api.md lists an automodule for every module of src/qkmlp (new modules too),
-    but for the deprecated aliases of moved modules (``qkmlp._moved.MOVED``)."""
-    from qkmlp._moved import MOVED
-
+    """book/api.md lists an automodule for every public module of src/qkmlp (new modules too)."""
     src = ROOT / "src"
     modules = set()
     for path in (src / "qkmlp").rglob("*.py"):
         parts = path.relative_to(src).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
-        if any(p.startswith("_") for p in parts) or ".".join(parts) in MOVED:
-            continue  # private modules, __main__ and the aliases
+        if any(p.startswith("_") for p in parts):
+            continue  # private modules and __main__
         modules.add(".".join(parts))
     documented = set(re.findall(r"^\.\. automodule:: (\S+)", (ROOT / "book" / "api.md").read_text(), re.M))
     assert not modules - documented, f"modules missing from book/api.md: {sorted(modules - documented)}"

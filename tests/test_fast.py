@@ -260,22 +260,6 @@ def test_views_write_through_and_deepcopy(cls):
     assert not torch.equal(layer.query, clone.query)
 
 
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP, SymmetrizedGatedMLP])
-def test_earlier_state_dict_layouts_load(cls):
-    """The packed (2, m, r, d) ``query_key`` and the separate (m, r, d) query and key."""
-    layer = cls(4, 3, rank=2)
-    q, k, v = layer.query.detach().clone(), layer.key.detach().clone(), layer.value.detach().clone()
-    for sd in ({"query_key": torch.stack([q, k]), "value": v}, {"query": q, "key": k, "value": v}):
-        other = cls(4, 3, rank=2)
-        other.load_state_dict(sd)
-        assert torch.equal(other.query, q) and torch.equal(other.key, k) and torch.equal(other.value, v)
-    other = cls(4, 3, rank=2)
-    before = copy.deepcopy(other.state_dict())
-    with pytest.raises(RuntimeError, match="query_key: expected shape"):
-        other.load_state_dict({"query_key": torch.zeros(2, 3, 1, 4), "value": v})
-    assert all(torch.equal(other.state_dict()[n], t) for n, t in before.items())
-
-
 def test_rank_r_equals_its_dense_form_without_materialising():
     """Rank 8 (2r < d) stores 2mrd + m·d_out numbers and saves N(d + 2mr) for backward;
     the dense layer it equals stores m·d² for A_j alone."""

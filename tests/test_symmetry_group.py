@@ -1,4 +1,4 @@
-"""Tests of qkmlp.symmetry_group: measured vs predicted symmetry dimension, and more."""
+"""Tests of qkmlp.symmetry.group and .dimensions: measured vs predicted symmetry dimension, and more."""
 import itertools
 
 import pytest
@@ -12,7 +12,7 @@ from qkmlp import (
     SymmetricBilinearMLP,
 )
 from qkmlp.symmetry import predicted_symmetry_dimension, relative_change, symmetry_dimension
-from qkmlp.symmetry_group import (
+from qkmlp.symmetry import (
     conserved_quantities,
     effective_parameter_count,
     factor_fiber_dimension,
@@ -273,7 +273,7 @@ def test_definite_slots_break_the_homogeneous_count_when_rank_ge_d():
 
 
 def test_dimension_formulas_reject_bad_sizes():
-    from qkmlp.symmetry_group import low_rank_dimension, symmetric_low_rank_dimension
+    from qkmlp.symmetry import low_rank_dimension, symmetric_low_rank_dimension
 
     assert factor_fiber_dimension(2, 7) == 2 * 3 and factor_fiber_dimension(3, 4) == 24 - 10
     for bad in (0, -1, 1.5, True):
@@ -307,7 +307,7 @@ def test_weight_decay_shrinks_conserved_quantity_geometrically():
 @pytest.mark.parametrize("rank", [1, 2, 3])
 def test_gauge_symmetry_dimension_follows_the_gauge_theorems(rank):
     """Symmetric: every generator; gated ReLU: the diagonals; gated SiLU/GELU: none."""
-    from qkmlp.symmetry_group import gauge_symmetry_dimension
+    from qkmlp.symmetry import gauge_symmetry_dimension
 
     torch.manual_seed(rank)
     m = 3
@@ -320,7 +320,7 @@ def test_gauge_symmetry_dimension_follows_the_gauge_theorems(rank):
 
 
 def test_gauge_symmetry_dimension_bad_input():
-    from qkmlp.symmetry_group import gauge_symmetry_dimension
+    from qkmlp.symmetry import gauge_symmetry_dimension
 
     with pytest.raises(TypeError, match="rank-r factors"):
         gauge_symmetry_dimension(KeyValueMLP(4, 3))

@@ -21,7 +21,7 @@ from .layers import (
     SymmetricBilinearMLP,
     SymmetrizedGatedMLP,
 )
-from . import _moved, costs, functional, symmetry, training
+from . import costs, functional, symmetry, training
 
 __version__ = "0.1.0"
 
@@ -45,13 +45,3 @@ __all__ = [
     "__version__",
 ]
 
-
-def __getattr__(name):
-    """``qkmlp.figures``, ``qkmlp.widgets``, ``qkmlp.static_explorer`` and
-    ``qkmlp.examples`` moved to :mod:`qkmlp.book`: the old attributes import the
-    deprecated aliases (which warn) on first use, so ``import qkmlp`` stays lean."""
-    if f"{__name__}.{name}" in _moved.MOVED:
-        import importlib
-
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -48,8 +48,16 @@ def _gelu_tanh(z: torch.Tensor) -> torch.Tensor:
     return F.gelu(z, approximate="tanh")
 
 
-# Each as torch.nn.functional defines it, with its default arguments
-# (leaky_relu: negative_slope=0.01).
+def _softplus(z: torch.Tensor) -> torch.Tensor:
+    """log(1 + eᶻ) for every z, computed stably as logaddexp(z, 0). F.softplus returns z
+    itself above its threshold 20 (a jump of about 2e-9 there, and σ(z) − z ≡ 0 beyond it,
+    which chapter 7's hypotheses exclude); in float32 the two round to the same numbers
+    above the threshold, in float64 this one keeps the e⁻ᶻ tail."""
+    return torch.logaddexp(z, torch.zeros((), dtype=z.dtype, device=z.device))
+
+
+# Each as torch.nn.functional defines it, with its default arguments (leaky_relu:
+# negative_slope=0.01), except softplus, which has no threshold (_softplus).
 ACTIVATIONS: dict[str, Activation] = {
     a.name: a
     for a in [
@@ -61,7 +69,7 @@ ACTIVATIONS: dict[str, Activation] = {
         Activation("silu", F.silu),
         Activation("tanh", torch.tanh, is_odd=True),
         Activation("sigmoid", torch.sigmoid),
-        Activation("softplus", F.softplus),
+        Activation("softplus", _softplus),
         Activation("relu2", _relu2, homogeneity_degree=2),
     ]
 }

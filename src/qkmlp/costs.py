@@ -14,9 +14,17 @@ from .layers import (
     SymmetricBilinearMLP,
 )
 
-__all__ = ["parameter_count", "flops_per_token"]
+__all__ = ["parameter_count", "flops_per_token", "LAYER_TYPES", "require_layer"]
 
-_LAYERS = (KeyValueMLP, StaticQueryMLP, BilinearAttentionMLP, SymmetricBilinearMLP, GatedMLP)
+#: The layer classes every count (and every symmetry measurement) is defined for.
+LAYER_TYPES = (KeyValueMLP, StaticQueryMLP, BilinearAttentionMLP, SymmetricBilinearMLP, GatedMLP)
+
+
+def require_layer(layer) -> None:
+    """TypeError naming the expected classes unless ``layer`` is one of :data:`LAYER_TYPES`."""
+    if not isinstance(layer, LAYER_TYPES):
+        names = ", ".join(t.__name__ for t in LAYER_TYPES)
+        raise TypeError(f"expected one of the qkmlp layers ({names}); got {type(layer).__name__}")
 
 
 def parameter_count(layer: nn.Module) -> int:
@@ -37,7 +45,7 @@ def flops_per_token(layer: nn.Module) -> int:
     Symmetric / Gated rank r: 4mrd (two projections) + 2mr (product and rank sum)
     + 2m·d_out.
     """
-    if not isinstance(layer, _LAYERS):
+    if not isinstance(layer, LAYER_TYPES):
         raise TypeError(
             "flops_per_token is defined for KeyValueMLP, StaticQueryMLP, BilinearAttentionMLP, "
             f"SymmetricBilinearMLP and GatedMLP; got {type(layer).__name__}"

@@ -95,7 +95,7 @@ _BACKWARD: dict[str, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.
     "silu": lambda grad, z, s: _aten.silu_backward(grad, z),
     "tanh": lambda grad, z, s: _aten.tanh_backward(grad, s),
     "sigmoid": lambda grad, z, s: _aten.sigmoid_backward(grad, s),
-    "softplus": lambda grad, z, s: _aten.softplus_backward(grad, z, 1, 20),
+    "softplus": lambda grad, z, s: grad * torch.sigmoid(z),      # no threshold (activations._softplus)
     "relu2": _relu2_backward,
 }
 
@@ -113,7 +113,7 @@ _BACKWARD_INTO: dict[str, Callable] = {
     "silu": lambda grad, z, s, out: _aten.silu_backward.grad_input(grad, z, grad_input=out),
     "tanh": lambda grad, z, s, out: _aten.tanh_backward.grad_input(grad, s, grad_input=out),
     "sigmoid": lambda grad, z, s, out: _aten.sigmoid_backward.grad_input(grad, s, grad_input=out),
-    "softplus": lambda grad, z, s, out: _aten.softplus_backward.grad_input(grad, z, 1, 20, grad_input=out),
+    "softplus": lambda grad, z, s, out: torch.mul(grad, torch.sigmoid(z), out=out),
     "relu2": _relu2_backward_into,
 }
 

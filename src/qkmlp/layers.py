@@ -353,37 +353,6 @@ class _RankRBase(_QKMLPBase):
         nn.init.uniform_(self.key_weight, -bound, bound)
         self._init_value()
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
-                              unexpected_keys, error_msgs):
-        # Earlier layouts: query_key (2, m, r, d); query and key (m, r, d).
-        m, r, d = self.d_hidden, self.rank, self.d_model
-        old = {n: prefix + n for n in ("query_key", "query", "key")}
-        new = {n: prefix + n + "_weight" for n in ("query", "key")}
-
-        n_errors = len(error_msgs)
-
-        def take(name, shape):
-            t = state_dict.pop(old[name])
-            if tuple(t.shape) != shape:
-                error_msgs.append(f"size mismatch for {old[name]}: expected shape {shape} (the earlier "
-                                  f"layout of this layer), got {tuple(t.shape)}")
-                return None
-            return t
-
-        if old["query_key"] in state_dict and new["query"] not in state_dict:
-            qk = take("query_key", (2, m, r, d))
-            if qk is not None:
-                state_dict[new["query"]], state_dict[new["key"]] = qk[0].reshape(m * r, d), qk[1].reshape(m * r, d)
-        for n in ("query", "key"):
-            if old[n] in state_dict and new[n] not in state_dict:
-                t = take(n, (m, r, d))
-                if t is not None:
-                    state_dict[new[n]] = t.reshape(m * r, d)
-        if len(error_msgs) > n_errors:
-            return          # a malformed earlier layout: load nothing into this layer
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
-                                      unexpected_keys, error_msgs)
-
     def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Query and key projections :math:`x\cdot q_{j,s}`, :math:`x\cdot k_{j,s}`: (..., d) -> two (..., m, r)."""
         self._check_input(x)

@@ -4,7 +4,7 @@ Comparisons are oriented so that a positive ``mean_diff`` always means "the firs
 is better": a − b for accuracies, b − a for losses (:func:`gain`). A declared *family of
 tests* (one prediction over several tasks and activations) is corrected with Holm's
 method by :func:`holm_family`, which also states each comparison's minimum detectable
-effect. Figures are drawn on :mod:`qkmlp.figures` panels.
+effect. Figures are drawn on :mod:`qkmlp.book.figures` panels.
 """
 from __future__ import annotations
 

@@ -12,9 +12,7 @@ same number from theory (chapter "The full symmetry group"), as a sum of named
 contributions in :func:`symmetry_breakdown`. The predictions hold for *generic* weights
 in the regimes listed in :func:`symmetry_breakdown`; outside them it raises.
 
-This module sits below both :mod:`qkmlp.symmetry` (which re-exports
-:func:`symmetry_dimension` and :func:`predicted_symmetry_dimension`) and
-:mod:`qkmlp.symmetry_group` (which re-exports every name here); it imports neither.
+It imports neither :mod:`~qkmlp.symmetry.transforms` nor :mod:`~qkmlp.symmetry.group`.
 """
 from __future__ import annotations
 
@@ -26,9 +24,9 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ._checks import positive_int
-from .costs import _LAYERS, parameter_count
-from .layers import (
+from .._checks import positive_int
+from ..costs import parameter_count, require_layer
+from ..layers import (
     BilinearAttentionMLP,
     GatedMLP,
     KeyValueMLP,
@@ -48,12 +46,6 @@ __all__ = [
     "symmetric_low_rank_dimension",
     "factor_fiber_dimension",
 ]
-
-
-def _require_layer(layer) -> None:
-    if not isinstance(layer, _LAYERS):
-        names = ", ".join(t.__name__ for t in _LAYERS)
-        raise TypeError(f"expected one of the qkmlp layers ({names}); got {type(layer).__name__}")
 
 
 # --- measurement -------------------------------------------------------------------------
@@ -92,7 +84,7 @@ def jacobian(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     x: (N, d_model). Returns (N·d_out, n_params) in the dtype of the layer, parameters
     flattened in ``named_parameters()`` order. Forward mode (one tangent per parameter).
     """
-    _require_layer(layer)
+    require_layer(layer)
     if getattr(layer, "fused", False):
         layer = copy.deepcopy(layer)
         layer.fused = False  # the plain autograd formula: torch.func needs no custom Function
@@ -128,7 +120,7 @@ def measure_symmetry(
     dropped singular value is below ``min_gap`` the rank is ambiguous and a
     ``RuntimeError`` says so (pass ``min_gap=0`` to get the numbers anyway).
     """
-    _require_layer(layer)
+    require_layer(layer)
     if not (0.0 < rtol < 1.0):
         raise ValueError(f"rtol must be in (0, 1), got {rtol!r}")
     P = parameter_count(layer)
@@ -242,7 +234,7 @@ def symmetry_breakdown(layer: nn.Module) -> dict[str, int]:
     - GatedMLP: m (K_j → βK_j, v_j → v_j/β) for every non-linear σ, plus m·r
       (q → βq, k → β⁻ᵖk per component) for homogeneous σ; linear σ: as the symmetric form.
     """
-    _require_layer(layer)
+    require_layer(layer)
     act = layer.activation
     kind = _kind(act)
     m, d, do = layer.d_hidden, layer.d_model, layer.d_out

@@ -8,10 +8,9 @@ symmetries, and the conserved quantities.
 - The conserved quantities of gradient flow that the continuous symmetries imply
   (:func:`conserved_quantities`).
 
-The dimension of the continuous group, measured (:func:`measure_symmetry`) and predicted
-(:func:`predicted_symmetry_dimension`, :func:`symmetry_breakdown`), lives in
-:mod:`qkmlp.symmetry_dimensions` and is re-exported here. This module builds on
-:mod:`qkmlp.symmetry` (the transforms); nothing it imports imports it.
+The dimension of the continuous group, measured and predicted, lives in
+:mod:`~qkmlp.symmetry.dimensions`. This module builds on :mod:`~qkmlp.symmetry.transforms`;
+nothing it imports imports it.
 """
 from __future__ import annotations
 
@@ -21,14 +20,11 @@ from typing import Optional
 import torch
 from torch import nn
 
-from . import symmetry_dimensions as _dimensions
-from .layers import BilinearAttentionMLP, GatedMLP, KeyValueMLP, StaticQueryMLP, SymmetricBilinearMLP
-from .symmetry import gauge_transformed
-from .symmetry_dimensions import *  # noqa: F401,F403  (the dimension names, re-exported)
-from .symmetry_dimensions import _require_layer
+from ..costs import require_layer
+from ..layers import BilinearAttentionMLP, GatedMLP, KeyValueMLP, StaticQueryMLP, SymmetricBilinearMLP
+from .transforms import gauge_transformed
 
 __all__ = [
-    *_dimensions.__all__,
     "gauge_symmetry_dimension",
     "slot_permuted",
     "odd_sign_flip",
@@ -104,7 +100,7 @@ def slot_permuted(layer: nn.Module, perm) -> nn.Module:
 
     Every layer is a sum over slots, so this is a symmetry for every σ.
     """
-    _require_layer(layer)
+    require_layer(layer)
     perm = torch.as_tensor(perm, dtype=torch.long)
     m = layer.d_hidden
     if perm.shape != (m,) or not torch.equal(perm.sort().values, torch.arange(m)):
@@ -123,7 +119,7 @@ def odd_sign_flip(layer: nn.Module, slot: int) -> nn.Module:
     gated) together with v_j. Since σ(−z)(−v) = σ(z)v exactly when σ is odd, this is a
     symmetry for odd σ (tanh, identity) and changes the function otherwise.
     """
-    _require_layer(layer)
+    require_layer(layer)
     if isinstance(slot, bool) or not isinstance(slot, int) or not 0 <= slot < layer.d_hidden:
         raise ValueError(f"slot must be an integer in [0, {layer.d_hidden}), got {slot!r}")
     out = copy.deepcopy(layer)
@@ -154,7 +150,7 @@ def conserved_quantities(layer: nn.Module) -> dict[str, torch.Tensor]:
 
     Other layers and activations: an empty dict.
     """
-    _require_layer(layer)
+    require_layer(layer)
     act = layer.activation
     p = act.homogeneity_degree
     out: dict[str, torch.Tensor] = {}

@@ -20,10 +20,8 @@ random weights in every such case). For a custom σ it need not: the symmetrised
 with σ(z) = z·log|z| keeps every inverse scaling and every diagonal gauge, although
 σ(αz) = ασ(z) fails and the predicates say ``False``.
 
-Measured and predicted symmetry dimensions: :func:`symmetry_dimension` and
-:func:`predicted_symmetry_dimension`, defined in :mod:`qkmlp.symmetry_dimensions` and
-re-exported here. This is the lower layer: :mod:`qkmlp.symmetry_group` builds on these
-transforms, and nothing imported here imports it.
+This is the lower layer of :mod:`qkmlp.symmetry`: :mod:`~qkmlp.symmetry.group` builds on
+these transforms, and nothing imported here imports it.
 """
 from __future__ import annotations
 
@@ -33,16 +31,15 @@ from numbers import Real
 
 import torch
 
-from ._checks import tolerance
-from .activations import Activation
-from .layers import (
+from .._checks import tolerance
+from ..activations import Activation
+from ..layers import (
     BilinearAttentionMLP,
     GatedMLP,
     StaticQueryMLP,
     SymmetricBilinearMLP,
     SymmetrizedGatedMLP,
 )
-from .symmetry_dimensions import predicted_symmetry_dimension, symmetry_dimension
 
 __all__ = [
     "swapped",
@@ -53,8 +50,6 @@ __all__ = [
     "rescaling_is_symmetry",
     "gauge_is_symmetry",
     "scalar_rescaling_commutes",
-    "symmetry_dimension",
-    "predicted_symmetry_dimension",
 ]
 
 _FACTORED = (SymmetricBilinearMLP, GatedMLP, SymmetrizedGatedMLP)

@@ -1,4 +1,0 @@
-"""Deprecated alias of :mod:`qkmlp.book.figures` (moved there); importing it warns."""
-from ._moved import alias
-
-alias("qkmlp.figures")
