@@ -743,7 +743,7 @@ def test_wilcoxon_matches_scipy_without_ties_and_a_brute_force_with_them():
     import numpy as np
     from scipy.stats import rankdata, wilcoxon
 
-    from qkmlp.experiments.stats import wilcoxon_test
+    from qkmlp.runbase.stats import wilcoxon_test
 
     rng = np.random.default_rng(0)
     for n in (2, 5, 10, 12):
@@ -766,7 +766,7 @@ def test_wilcoxon_matches_scipy_without_ties_and_a_brute_force_with_them():
 def test_tost_is_the_interval_inside_the_margin():
     import numpy as np
 
-    from qkmlp.experiments.stats import tost
+    from qkmlp.runbase.stats import tost
 
     rng = np.random.default_rng(1)
     for _ in range(200):

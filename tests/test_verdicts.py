@@ -16,7 +16,7 @@ from qkmlp.experiments.tasks import _split3
 
 def _row(diffs, task="t"):
     """A gain row as report.gain makes it (positive: a better), from plain differences."""
-    from qkmlp.experiments.stats import paired_comparison
+    from qkmlp.runbase.stats import paired_comparison
 
     r = paired_comparison(diffs, [0.0] * len(diffs))
     r["task"] = task

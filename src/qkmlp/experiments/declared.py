@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Mapping, Optional
 
 from .runner import values_by_seed
-from .stats import holm, mean_sd, t_interval, t_test, tost, wilcoxon_test
+from ..runbase.stats import holm, mean_sd, t_interval, t_test, tost, wilcoxon_test
 
 __all__ = ["load_declarations", "declaration_commit", "commit_order", "budget_tests", "trend_tests",
            "compute_multiplier", "verdict", "trend_verdict"]

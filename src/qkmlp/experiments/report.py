@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 from .families import get_family
 from .runner import cell_key, compare, summary, values_by_seed
-from .stats import detectable_difference, holm, mean_sd
+from ..runbase.stats import detectable_difference, holm, mean_sd
 
 __all__ = ["gain", "comparison_rows", "form_vs_form", "holm_family", "family_label", "plot_paired",
            "SHAZEER_TABLE1", "shazeer_rows", "ordering_agreement", "tau_bootstrap", "plot_vs_shazeer", "plateau_rows",
@@ -401,7 +401,7 @@ def plot_loss_vs_budget(results_by_steps: dict, families: Sequence[str], ax, ste
     t-interval over seeds (bars); ``steps``: every declared budget (ticks), of which those
     in ``results_by_steps`` are drawn."""
     from ..book.figures import COLORS
-    from .stats import t_interval
+    from ..runbase.stats import t_interval
 
     if len(families) > len(COLORS):
         raise ValueError(f"at most {len(COLORS)} families (one colour each)")

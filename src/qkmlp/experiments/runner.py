@@ -51,7 +51,7 @@ import torch
 
 from .. import __version__
 from ..runbase.provenance import IMPORT_GIT, machine, run_machine, versions
-from .stats import mean_sd, paired_comparison
+from ..runbase.stats import mean_sd, paired_comparison
 from .tasks import get_task
 
 __all__ = ["RUN_CODE_VERSION", "run_grid", "run_cell", "rerun", "save_results", "load_results", "summary", "compare",

@@ -27,7 +27,7 @@ import math
 import re
 from typing import Mapping, Optional, Sequence, Union
 
-from .stats import detectable_difference, holm, tost
+from ..runbase.stats import detectable_difference, holm, tost
 
 __all__ = ["family_tests", "verdict", "signed", "interval", "gain_cell", "verdict_cell", "breakable", "family_table",
            "declared_steps", "budget_rows", "budget_table", "budget_p_table", "trend_status", "multiplier_status",
