@@ -8,6 +8,8 @@
 - :mod:`~qkmlp.book.ch07_symmetry_group`: the conditions the theorems of chapter 7 put on
   weights and activations, checked at given weights.
 - :mod:`~qkmlp.book.ch10_cost`: chapter 10's verdict tables, laid out for a phone.
+- :mod:`qkmlp.book.schematic`: the picture of the argument (attention head, key-value,
+  bilinear, symmetric rank-1 and gated units, with where σ sits).
 - :mod:`qkmlp.book.figures`: the one plotting recipe (panels that read on every screen,
   SVG rows that wrap, HTML tables).
 - :mod:`qkmlp.book.widgets`: the live symmetry explorer of chapter 5 and the
