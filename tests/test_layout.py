@@ -127,3 +127,19 @@ def test_import_qkmlp_loads_the_layer_library_only():
     out = subprocess.run([sys.executable, "-c", "import json\n" + code], capture_output=True, text=True,
                          timeout=300, check=True)
     assert json.loads(out.stdout) == []
+
+
+#: The pipelines compute and store; the book reads stored files and draws. Arrows run from
+#: the book to the pipelines to the library, never back.
+PIPELINES = ("qkmlp.experiments", "qkmlp.pretrained", "qkmlp.bench", "qkmlp.runbase")
+
+
+def test_no_pipeline_imports_the_book_and_the_library_imports_neither():
+    graph = import_graph(SRC, "qkmlp")
+    up = {(a, b) for a, deps in graph.items() for b in deps
+          if a.startswith(PIPELINES) and b.startswith("qkmlp.book")}
+    assert not up, f"pipelines importing the book (an arrow up): {sorted(up)}"
+    library = [m for m in graph if not m.startswith(PIPELINES + ("qkmlp.book",))]
+    assert "qkmlp.layers" in library and "qkmlp.symmetry.group" in library
+    down = {(a, b) for a in library for b in graph[a] if b.startswith(PIPELINES + ("qkmlp.book",))}
+    assert not down, f"the layer library importing a pipeline or the book: {sorted(down)}"

@@ -27,8 +27,8 @@ from qkmlp.pretrained import (NoMLP, decoder_layers, gated_mlps, heldout_windows
                               window_losses)
 from qkmlp.pretrained import loading  # noqa: E402
 from qkmlp.pretrained.anatomy import alignment_bins, summarise  # noqa: E402
-from qkmlp.pretrained.report import (all_changes, compare_layers, holm, layer_changes,  # noqa: E402
-                                     load_results, loss_change, paired_t, rerun_slice, save_results)
+from qkmlp.pretrained.report import (all_changes, compare_layers, layer_changes,  # noqa: E402
+                                     load_results, loss_change, rerun_slice, save_results)
 from qkmlp.pretrained.runner import logit_check, run, spearman  # noqa: E402
 from qkmlp.pretrained.surgery import Q4_BLOCK, q4_steps, tangent_slope, with_q4_noise  # noqa: E402
 from byte_tokenizer import ByteTokenizer  # noqa: E402
@@ -506,7 +506,7 @@ def test_unit_groups_are_exact_passes_of_the_swapped_units(tiny_run):
 
 def test_every_figure_draws_from_a_results_file(tiny_run):
     from qkmlp.book import figures
-    from qkmlp.pretrained import plots, plots_costs
+    from qkmlp.book import ch09_plots as plots, ch09_plots_costs as plots_costs
 
     _, res = tiny_run
     calls = [(plots.plot_alignment_spread, {}), (plots.plot_cos_histogram, {}), (plots.plot_mean_rows, {}),
@@ -546,7 +546,7 @@ def test_every_figure_draws_from_a_results_file(tiny_run):
 
 
 def test_orbit_matched_interpolates_the_orbit_at_the_same_size():
-    from qkmlp.pretrained.findings import layer_comparison, orbit_matched, texts_table
+    from qkmlp.book.ch09_findings import layer_comparison, orbit_matched, texts_table
 
     base = [1.0, 1.0, 1.0]
     res = {"config": {"main_text": "t", "texts": ["t"]}, "model": {"n_layers": 1},
@@ -584,7 +584,7 @@ def _two_text_results():
 
 
 def test_claim_by_text_counts_layers_per_text():
-    from qkmlp.pretrained.findings import claim_by_text
+    from qkmlp.book.ch09_findings import claim_by_text
 
     res = _two_text_results()
     c = claim_by_text(res, "none", "swap")
@@ -596,7 +596,7 @@ def test_claim_by_text_counts_layers_per_text():
 
 
 def test_all_layer_table_and_orbit_summary():
-    from qkmlp.pretrained.findings import all_layer_table, orbit_summary
+    from qkmlp.book.ch09_findings import all_layer_table, orbit_summary
 
     res = _two_text_results()
     tab = all_layer_table(res, ["none", "swap"])
@@ -618,7 +618,7 @@ def test_all_layer_table_and_orbit_summary():
 
 
 def test_top_units_ranks_by_peak_over_the_layer_median():
-    from qkmlp.pretrained.findings import top_units
+    from qkmlp.book.ch09_findings import top_units
 
     def unit(j, peak, rest, pos):
         return {"unit": j, "peak": peak, "peak_rest": rest, "peak_positions": pos, "cos": 0.1 * j,
@@ -639,7 +639,7 @@ def test_top_units_ranks_by_peak_over_the_layer_median():
 
 
 def test_unit_set_test_pairs_windows_and_corrects_across_layers():
-    from qkmlp.pretrained.findings import unit_set_test
+    from qkmlp.book.ch09_findings import unit_set_test
 
     def layer(closest, random_):
         return {"sets": {"closest": {"losses": closest}, "random": {"losses": random_}}}
@@ -672,26 +672,6 @@ def test_report_means_and_standard_errors():
            "texts": {"t": {"base": base, "layer": {"swap": [None, other]}, "all": {"rescale:2": other}}}}
     assert layer_changes(res, "swap")[0] is None and layer_changes(res, "swap")[1] == pytest.approx((m, se))
     assert all_changes(res, "rescale", 2) == pytest.approx((m, se))
-
-
-def test_paired_t_against_scipy():
-    from scipy.stats import ttest_rel
-
-    a, b = [1.0, 2.0, 3.0, 4.0, 2.5], [1.4, 2.1, 3.9, 4.2, 2.4]
-    got = paired_t(a, b)
-    ref = ttest_rel(b, a)
-    assert got["t"] == pytest.approx(ref.statistic) and got["p"] == pytest.approx(ref.pvalue)
-    assert paired_t(a, a) == {"mean": 0.0, "se": 0.0, "t": 0.0, "p": 1.0}
-
-
-def test_holm_step_down():
-    # m = 4: thresholds 0.0125, 0.0167, 0.025, 0.05 for the sorted p-values
-    assert holm([0.01, 0.04, 0.03, 0.005]) == [True, False, False, True]
-    assert holm([0.01, 0.015, 0.02, 0.04]) == [True, True, True, True]
-    assert holm([0.02, 0.001]) == [True, True]           # 0.001 <= 0.05/2, then 0.02 <= 0.05/1
-    assert holm([0.03, 0.026]) == [False, False]         # 0.026 > 0.05/2: nothing rejected
-    with pytest.raises(ValueError):
-        holm([0.1], level=0)
 
 
 def test_compare_layers_marks_what_survives_holm():

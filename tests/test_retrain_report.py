@@ -1,4 +1,4 @@
-"""qkmlp.pretrained.retrain.report and .plots on synthetic results whose gaps are known by
+"""qkmlp.book.ch11_report and ch11_plots on synthetic results whose gaps are known by
 construction (the numbers below are written from the construction, not read back)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from qkmlp.pretrained.retrain import plots, report as R
+from qkmlp.book import ch11_plots as plots, ch11_report as R
 
 STEPS = [0, 10, 50, 100, 200, 300]
 TEXTS = ["doc", "code"]

@@ -1,4 +1,4 @@
-"""Verdicts at the strength of their tests (qkmlp.experiments.verdicts), the leak measurements
+"""Verdicts at the strength of their tests (qkmlp.book.ch08_verdicts), the leak measurements
 (qkmlp.experiments.leaks), the width cost (qkmlp.experiments.width) and the compute figures:
 each against an independent computation (scipy, brute force, a plain formula)."""
 from __future__ import annotations
@@ -10,7 +10,8 @@ import pytest
 import torch
 from scipy.stats import binomtest, ttest_1samp, wilcoxon
 
-from qkmlp.experiments import leaks, report, verdicts, width
+from qkmlp.book import ch08_report as report, ch08_verdicts as verdicts
+from qkmlp.experiments import leaks, width
 from qkmlp.experiments.tasks import _split3
 
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import platform
 import socket
 import time
@@ -51,6 +50,8 @@ import torch
 
 from .. import __version__
 from ..runbase.provenance import IMPORT_GIT, machine, run_machine, versions
+from ..runbase.rates import choose_rate, grid_ratio, next_rate
+from ..runbase.records import RecordFolder, load_record, run_jobs, save_record
 from ..runbase.stats import mean_sd, paired_comparison
 from .tasks import get_task
 
@@ -135,28 +136,17 @@ def run_cell(task: str, cell: dict, seed: int, config: Optional[dict] = None, de
             "git_dirty": _IMPORT_DIRTY, "code_version": RUN_CODE_VERSION, "task_version": t.version}
 
 
-def _next_lr(lr: float, factor: float) -> float:
-    return float(f"{lr * factor:.3g}")
-
-
 def choose_lr(tune_runs: list[dict], cell: dict, lrs: list) -> dict:
-    """The tuning row of ``cell``: mean validation loss per learning rate and the chosen one.
-
-    The chosen rate has the lowest mean validation loss over the tuning seeds (a diverged
-    run counts as +inf; ties go to the earlier rate in ``lrs``). ``at_edge`` says the
-    choice is the smallest or largest rate tried.
-    """
+    """The tuning row of ``cell``: mean validation loss per learning rate and the chosen one
+    (:func:`qkmlp.runbase.rates.choose_rate`: a diverged run counts as +inf, ties go to the
+    earlier rate in ``lrs``, ``at_edge`` when the choice is the smallest or largest tried)."""
     key = cell_key(cell)
-    by_lr = {}
-    for lr in lrs:
-        runs = [r for r in tune_runs if cell_key(r) == key and r["lr"] == lr]
-        if not runs:
-            raise KeyError(f"no tuning runs for {cell} at lr {lr}")
-        vals = [r["val_loss"] if not r.get("diverged") and math.isfinite(r["val_loss"]) else math.inf for r in runs]
-        by_lr[lr] = sum(vals) / len(vals)
-    best = min(lrs, key=lambda lr: (by_lr[lr], lrs.index(lr)))
-    return {**cell, "lr": best, "val_loss_by_lr": {repr(lr): v for lr, v in sorted(by_lr.items())},
-            "at_edge": best in (min(lrs), max(lrs)) and len(lrs) > 1}
+    losses = {lr: [r["val_loss"] if not r.get("diverged") else math.inf
+                   for r in tune_runs if cell_key(r) == key and r["lr"] == lr] for lr in lrs}
+    missing = [lr for lr, v in losses.items() if not v]
+    if missing:
+        raise KeyError(f"no tuning runs for {cell} at lr {missing[0]}")
+    return {**cell, **choose_rate(losses, lrs)}
 
 
 def _config_hash(task: str, cfg: dict) -> str:
@@ -177,16 +167,18 @@ class _Exchange:
     """How workers share records: alone, through torch.distributed, or through a folder."""
 
     def __init__(self, rank: int, world: int, folder: Optional[Path], dist_group=None, poll_s: float = 20.0):
-        self.rank, self.world, self.folder, self.dist, self.poll_s = rank, world, folder, dist_group, poll_s
+        self.rank, self.world, self.dist, self.poll_s = rank, world, dist_group, poll_s
+        self.folder = RecordFolder(folder) if folder is not None else None
         self.computed = 0       # runs this worker trained (the others came from the folder or other ranks)
         self.reused = 0         # runs this worker took from an earlier budget's folder
         self._announced = False
 
-    def all_records(self, mine: dict, names: list[str], wait: bool = True) -> Optional[dict]:
-        """{job name: record} for every job in ``names``, gathered from all workers."""
-        if self.world == 1:
-            return mine
-        if self.dist is not None:
+    def gather(self):
+        """The collective exchange of records under torch.distributed (None otherwise)."""
+        if self.dist is None or self.world == 1:
+            return None
+
+        def gather(mine: dict) -> dict:
             import torch.distributed as dist
 
             gathered = [None] * self.world
@@ -195,16 +187,13 @@ class _Exchange:
             for part in gathered:
                 out.update(part)
             return out
-        # independent parts: _run_jobs has waited until every record is in the shared folder
-        if not all((self.folder / n).exists() for n in names):
-            return None
-        return {n: json.loads((self.folder / n).read_text()) for n in names}
+        return gather
 
     def wait_note(self, n_missing: int) -> None:
         """Say once per phase that this part waits for runs the other parts are computing."""
         if not self._announced:
             print(f"part {self.rank + 1}/{self.world}: waiting for {n_missing} runs of the other parts "
-                  f"in {self.folder}", flush=True)
+                  f"in {self.folder.folder}", flush=True)
             self._announced = True
 
 
@@ -214,88 +203,27 @@ def _earlier_budget_record(name: str, earlier: list) -> Optional[dict]:
     for budget, old_folder in earlier:
         path = old_folder / name
         if path.exists():
-            rec = json.loads(path.read_text())
+            rec = load_record(path)
             if rec["stopped"] in ("plateau", "diverged") and rec["steps"] <= budget:
                 return {**rec, "reused_from_budget": budget}
     return None
 
 
-def _claim(path: Path) -> bool:
-    """Claim the job whose record is ``path`` for this process (atomically: the claim file
-    ``<job>.claim`` holds "host pid"). A claim left by a dead process on this host is taken
-    over; a live claim, or one from another host, is respected."""
-    claim = path.with_suffix(".claim")
-    for _ in range(2):
-        try:
-            fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            if not _stale(claim):
-                return False
-            claim.unlink(missing_ok=True)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{socket.gethostname()} {os.getpid()}")
-        return True
-    return False
-
-
-def _stale(claim: Path) -> bool:
-    """True when the claim's process is gone (same host, no such pid) or is this process
-    (which is not running that job now: an earlier grid in it stopped with an error);
-    False when it is alive, on another host, or the claim cannot be read."""
-    try:
-        host, pid = claim.read_text().split()
-        pid = int(pid)
-    except (OSError, ValueError):
-        return False
-    if host != socket.gethostname():
-        return False
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 def _run_jobs(task, jobs, cfg_for, dev, exchange: _Exchange, folder: Optional[Path], bar, wait=True,
               earlier: tuple = ()):
-    """Run this worker's share of ``jobs`` (name, cell, seed, lr), reusing stored records
-    (of this config, or of an earlier budget in ``earlier``: (budget, folder) pairs).
-
-    Independent parts (a shared folder, no torch.distributed) also take over the other
-    parts' jobs that nobody has claimed yet, last first, so no part idles while another
-    still has a queue; a claim file per job keeps two parts off the same job. Every run is
-    determined by its job, so who computes it changes only its ``rank`` and ``host``.
-    """
-    parts = exchange.world > 1 and exchange.dist is None
-    mine, names = {}, [j[0] for j in jobs]
-
-    def one(job, claim: bool):
-        name, cell, seed, lr = job
-        path = folder / name if folder is not None else None
-        if path is not None and path.exists():
-            return json.loads(path.read_text())
-        if path is not None and (rec := _earlier_budget_record(name, earlier)) is not None:
+    """Run this worker's share of ``jobs`` (name, cell, seed, lr) with
+    :func:`qkmlp.runbase.records.run_jobs`, reusing stored records (of this config, or of
+    an earlier budget in ``earlier``: (budget, folder) pairs). Every run is determined by
+    its job, so who computes it changes only its ``rank`` and ``host``."""
+    def compute(i: int) -> dict:
+        name, cell, seed, lr = jobs[i]
+        if folder is not None and (rec := _earlier_budget_record(name, earlier)) is not None:
             exchange.reused += 1
-        else:
-            if claim and not _claim(path):
-                return None                     # another part has it
-            if claim and path.exists():         # finished by another part just before the claim
-                path.with_suffix(".claim").unlink(missing_ok=True)
-                return json.loads(path.read_text())
-            label = f"{' '.join(str(v) for _, v in cell_key(cell))} lr={lr:g} s{seed}"
-            rec = run_cell(task, cell, seed, {**cfg_for, "lr": lr}, dev, progress=label if bar is not None else None)
-            rec["rank"] = exchange.rank
-            exchange.computed += 1
-        if path is not None:
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(rec))
-            tmp.replace(path)
-            path.with_suffix(".claim").unlink(missing_ok=True)
+            return rec
+        label = f"{' '.join(str(v) for _, v in cell_key(cell))} lr={lr:g} s{seed}"
+        rec = run_cell(task, cell, seed, {**cfg_for, "lr": lr}, dev, progress=label if bar is not None else None)
+        rec["rank"] = exchange.rank
+        exchange.computed += 1
         return rec
 
     def tick(own: bool):
@@ -304,24 +232,9 @@ def _run_jobs(task, jobs, cfg_for, dev, exchange: _Exchange, folder: Optional[Pa
                 bar.total += 1
             bar.update(1)
 
-    own = [j for i, j in enumerate(jobs) if i % exchange.world == exchange.rank]
-    for job in own:
-        rec = one(job, claim=parts)
-        if rec is not None:
-            mine[job[0]] = rec
-        tick(True)
-    if parts:
-        while True:
-            missing = [j for j in jobs if not (folder / j[0]).exists()]
-            for job in reversed(missing):       # the other parts' queues, from their ends
-                if not (folder / job[0]).exists() and (rec := one(job, claim=True)) is not None:
-                    mine[job[0]] = rec
-                    tick(False)
-            if not wait or all((folder / n).exists() for n in names):
-                break
-            exchange.wait_note(len([n for n in names if not (folder / n).exists()]))
-            time.sleep(exchange.poll_s)
-    return exchange.all_records(mine, names, wait=wait)
+    return run_jobs([j[0] for j in jobs], compute, folder=exchange.folder, rank=exchange.rank,
+                    world=exchange.world, wait=wait, gather=exchange.gather(), poll_s=exchange.poll_s,
+                    on_wait=exchange.wait_note, on_done=tick)
 
 
 def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[dict] = None, device="cpu",
@@ -399,13 +312,13 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
     tuning = [choose_lr(tune_runs, c, cell_lrs[cell_key(c)]) for c in grid]
     # A best rate at the edge of the grid is not a tuned rate: extend the grid past that
     # edge by the grid's own ratio, up to lr_extensions times.
-    factor = (max(lrs) / min(lrs)) ** (1 / (len(lrs) - 1)) if len(lrs) > 1 else 1.0
+    factor = grid_ratio(lrs)
     for _ in range(cfg.get("lr_extensions", 2) if len(lrs) > 1 else 0):
         extra = []
         for c, row in zip(grid, tuning):
             tried = cell_lrs[cell_key(c)]
             if row["at_edge"]:
-                new_lr = _next_lr(row["lr"], 1 / factor if row["lr"] == min(tried) else factor)
+                new_lr = next_rate(row["lr"], tried, factor)
                 tried.append(new_lr)
                 extra += [(_job_name("tune", c, new_lr, s), c, s, new_lr) for s in tune_seeds]
         if not extra:

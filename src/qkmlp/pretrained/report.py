@@ -14,10 +14,11 @@ from typing import Optional
 
 import torch
 
+from ..runbase.stats import holm_rejects, paired_t
 from .textrun import key as _key
 
 __all__ = ["save_results", "load_results", "key", "text_results", "loss_change", "layer_changes", "all_changes",
-           "paired_t", "holm", "compare_layers", "rerun_slice", "stored_windows"]
+           "compare_layers", "rerun_slice", "stored_windows"]
 
 
 def _round(obj, digits: int = 7):
@@ -87,40 +88,6 @@ def all_changes(results: dict, kind: str, alpha: Optional[float] = None, *,
     return loss_change(t["base"], t["all"][key(kind, alpha)])
 
 
-def paired_t(a: list[float], b: list[float]) -> dict:
-    """Paired Student-t test of mean(b − a) = 0 over windows: ``mean``, ``se``, ``t``
-    and the two-sided ``p`` (n − 1 degrees of freedom)."""
-    from scipy.stats import t as student_t
-
-    mean, se = loss_change(a, b)
-    n = len(a)
-    if n < 2:
-        raise ValueError("a paired t-test needs at least 2 windows")
-    if se == 0:
-        t, p = (0.0, 1.0) if mean == 0 else (math.copysign(math.inf, mean), 0.0)
-    else:
-        t = mean / se
-        p = float(2 * student_t.sf(abs(t), df=n - 1))
-    return {"mean": mean, "se": se, "t": t, "p": p}
-
-
-def holm(pvalues: list[float], level: float = 0.05) -> list[bool]:
-    """Holm's step-down procedure: which hypotheses are rejected at family-wise ``level``.
-
-    Sort the m p-values; reject the i-th smallest (i = 0, 1, ...) while
-    p ≤ level / (m − i); stop at the first that is not rejected.
-    """
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level!r}")
-    m = len(pvalues)
-    reject = [False] * m
-    for rank, i in enumerate(sorted(range(m), key=lambda i: pvalues[i])):
-        if pvalues[i] > level / (m - rank):
-            break
-        reject[i] = True
-    return reject
-
-
 def compare_layers(results: dict, kind_a: str, kind_b: str, level: float = 0.05, *,
                    text: Optional[str] = None) -> list[dict]:
     """Per layer, the paired comparison of two stored per-layer interventions (results
@@ -131,7 +98,7 @@ def compare_layers(results: dict, kind_a: str, kind_b: str, level: float = 0.05,
     rows_b = t["layer"][kind_b]
     layers = [l for l in range(len(rows_a)) if rows_a[l] is not None and rows_b[l] is not None]
     tests = [paired_t(rows_a[l], rows_b[l]) | {"layer": l} for l in layers]
-    for t, rej in zip(tests, holm([t["p"] for t in tests], level)):
+    for t, rej in zip(tests, holm_rejects([t["p"] for t in tests], level)):
         t["significant"] = rej
     return tests
 

@@ -20,7 +20,6 @@ that many worker processes (one torch thread each), each loading the model itsel
 from __future__ import annotations
 
 import hashlib
-import platform
 import sys
 import time
 from typing import Mapping, Optional, Sequence, Union
@@ -28,6 +27,8 @@ from typing import Mapping, Optional, Sequence, Union
 import torch
 
 from .. import __version__
+from ..runbase.provenance import versions
+from ..runbase.records import load_record, save_record
 from .anatomy import cos_histogram, pair_geometry, shuffled_pairs, summarise
 from .heldout import heldout_windows
 from .probes import gauge_statistics, weight_probes
@@ -153,17 +154,9 @@ def model_part(model, tokenizer, ids: torch.Tensor, *, prompts: Sequence[str], m
 
 
 def _versions() -> dict:
-    from importlib import metadata
-
     from .loading import PACKAGE
 
-    out = {"python": platform.python_version(), "torch": torch.__version__}
-    for name in ("transformers", "gguf", "accelerate", "safetensors", "tokenizers", PACKAGE):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    return versions("transformers", "gguf", "accelerate", "safetensors", "tokenizers", PACKAGE)
 
 
 def _text_of(name: str, texts: Mapping[str, str]) -> tuple[str, dict]:
@@ -204,12 +197,10 @@ class _JobCache:
         return self.folder / name
 
     def get(self, job):
-        import json
-
         p = self._path(job)
         if not p.is_file():
             return None
-        d = json.loads(p.read_text())
+        d = load_record(p)
         if d["kind"] in ("layers",):          # JSON turned the layer indices into strings
             d["result"]["layer"] = {k: {int(l): v for l, v in rows.items()} for k, rows in d["result"]["layer"].items()}
         if "layers" in d["result"] and d["kind"] == "units":
@@ -217,13 +208,8 @@ class _JobCache:
         return d["result"], d["timing"]
 
     def put(self, job, output):
-        import json
-
         result, timing = output
-        p = self._path(job)
-        tmp = p.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"kind": job["kind"], "result": result, "timing": timing}))
-        tmp.replace(p)
+        save_record(self._path(job), {"kind": job["kind"], "result": result, "timing": timing})
 
 
 _WORKER: dict = {}

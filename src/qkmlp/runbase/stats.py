@@ -20,6 +20,7 @@ import math
 from typing import Sequence
 
 __all__ = ["mean_sd", "sign_test", "t_interval", "t_test", "wilcoxon_test", "tost", "paired_comparison", "holm",
+           "holm_rejects", "paired_t",
            "detectable_difference"]
 
 
@@ -95,16 +96,14 @@ def wilcoxon_test(diffs: Sequence[float]) -> float:
     """Exact two-sided Wilcoxon signed-rank p-value for a distribution symmetric about 0.
 
     Zeros are dropped; tied absolute values share their mean rank. The null distribution
-    of W⁺ (the sum of the ranks of the positive differences) is enumerated over all 2ⁿ
-    sign patterns of the observed ranks, so ties are handled exactly (n ≤ 20). The
+    of W⁺ (the sum of the ranks of the positive differences) is counted over all 2ⁿ
+    sign patterns of the observed ranks, so ties are handled exactly (any n). The
     p-value is P(|W⁺ − E W⁺| ≥ |w⁺ − E W⁺|) under that distribution.
     """
     d = [x for x in _floats(diffs, "diffs") if x != 0.0]
     n = len(d)
     if n == 0:
         return 1.0
-    if n > 20:
-        raise ValueError(f"the exact enumeration is for at most 20 non-zero differences, got {n}")
     absd = sorted(range(n), key=lambda i: abs(d[i]))
     ranks = [0.0] * n
     i = 0
@@ -115,13 +114,18 @@ def wilcoxon_test(diffs: Sequence[float]) -> float:
         for k in range(i, j + 1):
             ranks[absd[k]] = (i + j) / 2 + 1
         i = j + 1
-    w = sum(r for r, x in zip(ranks, d) if x > 0)
-    centre = sum(ranks) / 2
-    dev = abs(w - centre) - 1e-9 * max(1.0, centre)   # >= up to float rounding of half-ranks
-    hits = 0
-    for mask in range(1 << n):
-        s = sum(r for k, r in enumerate(ranks) if mask >> k & 1)
-        hits += abs(s - centre) >= dev
+    # Twice the ranks are integers: count the sign patterns by their rank sum (dynamic
+    # programming over the 2ⁿ patterns, exact for any n).
+    twice = [round(2 * r) for r in ranks]
+    total = sum(twice)
+    counts = [0] * (total + 1)
+    counts[0] = 1
+    for r in twice:
+        for s_ in range(total, r - 1, -1):
+            counts[s_] += counts[s_ - r]
+    w = sum(r for r, x in zip(twice, d) if x > 0)
+    dev = abs(2 * w - total)
+    hits = sum(c for s_, c in enumerate(counts) if abs(2 * s_ - total) >= dev)
     return hits / (1 << n)
 
 
@@ -165,6 +169,36 @@ def holm(pvalues: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - rank) * p[i]))
         out[i] = running
     return out
+
+
+def holm_rejects(pvalues: Sequence[float], level: float = 0.05) -> list[bool]:
+    """Holm's step-down procedure: which hypotheses are rejected at family-wise ``level``
+    (the i-th smallest p is rejected while p ≤ level / (m − i)); the same as
+    ``holm(pvalues)[i] <= level``."""
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    return [q <= level for q in holm(pvalues)]
+
+
+def paired_t(a: Sequence[float], b: Sequence[float]) -> dict:
+    """Paired Student-t test of mean(b − a) = 0 (over windows, seeds, ...): ``mean``, ``se``,
+    ``t`` and the two-sided ``p`` (n − 1 degrees of freedom)."""
+    from scipy.stats import t as student_t
+
+    a, b = _floats(a, "a"), _floats(b, "b")
+    if len(a) != len(b):
+        raise ValueError(f"a and b must be paired (same length), got {len(a)} and {len(b)}")
+    n = len(a)
+    if n < 2:
+        raise ValueError("a paired t-test needs at least 2 pairs")
+    mean, sd = mean_sd([y - x for x, y in zip(a, b)])
+    se = sd / math.sqrt(n)
+    if se == 0:
+        t, p = (0.0, 1.0) if mean == 0 else (math.copysign(math.inf, mean), 0.0)
+    else:
+        t = mean / se
+        p = float(2 * student_t.sf(abs(t), df=n - 1))
+    return {"mean": mean, "se": se, "t": t, "p": p}
 
 
 def detectable_difference(sd_diff: float, n: int, alpha: float = 0.05, power: float = 0.8) -> float:

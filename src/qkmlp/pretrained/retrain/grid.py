@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import socket
 import sys
 import time
@@ -37,6 +36,8 @@ import torch
 
 from ...runbase.provenance import IMPORT_GIT as _IMPORT_GIT
 from ...runbase.provenance import git_state, machine, run_machine, versions
+from ...runbase.rates import choose_rate, grid_ratio, next_rate
+from ...runbase.records import RecordFolder, run_jobs
 from ..runner import PROMPTS, generations
 from ..texts import TEXTS, describe
 from .core import ARMS, TextData, _is_arm, evaluate, train_run
@@ -112,19 +113,10 @@ def _versions() -> dict:
 
 
 def choose_lr(tune_runs: list, lrs: list) -> dict:
-    """The rate with the lowest mean (over tuning seeds) final validation loss (a
-    non-finite loss counts as +inf; ties go to the smaller rate); ``at_edge`` when it is
-    the smallest or largest rate tried."""
-    by_lr = {}
-    for lr in lrs:
-        vals = [r["val_loss"] for r in tune_runs if r["lr"] == lr]
-        if not vals:
-            raise KeyError(f"no tuning run at lr {lr}")
-        vals = [v if v is not None and v == v and abs(v) != float("inf") else float("inf") for v in vals]
-        by_lr[lr] = sum(vals) / len(vals)
-    best = min(sorted(by_lr), key=lambda lr: by_lr[lr])
-    return {"lr": best, "val_loss_by_lr": {repr(lr): by_lr[lr] for lr in sorted(by_lr)},
-            "at_edge": len(by_lr) > 1 and best in (min(by_lr), max(by_lr))}
+    """The rate with the lowest mean (over tuning seeds) final validation loss
+    (:func:`qkmlp.runbase.rates.choose_rate`: a non-finite loss counts as +inf, ties go to the
+    rate tried first); ``at_edge`` when it is the smallest or largest rate tried."""
+    return choose_rate({lr: [r["val_loss"] for r in tune_runs if r["lr"] == lr] for lr in lrs}, lrs)
 
 
 class Grid:
@@ -146,6 +138,7 @@ class Grid:
         self.model_id, self.texts_sha = model_id, texts_sha
         self.key = run_key(cfg, model_id, texts_sha)
         self.records, self.checkpoints = Path(records), (Path(checkpoints) if checkpoints else None)
+        self.folder = RecordFolder(self.records)
         self.part, self.progress, self.log, self.poll_s = part, progress, log, poll_s
         self.computed: list[str] = []          # record files written by this process
         self._model = self._tokenizer = self._data = None
@@ -177,7 +170,7 @@ class Grid:
         phase, arm, lr, seed = job
         path = self.path(*job)
         if path.exists():
-            return json.loads(path.read_text())
+            return self.folder.load(path.name)
         c = self.cfg
         model = self._fresh_model()
         _, tokenizer, data = self._base()
@@ -209,43 +202,38 @@ class Grid:
             out.update(main_text=main, loss_before=sum(before) / len(before), loss_after=sum(after) / len(after))
         out.update(extra)
         out.update(rec)
-        self.records.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(out))
-        os.replace(tmp, path)
-        self.computed.append(str(path))
+        self.computed.append(str(path))             # run_jobs saves it in the records folder
         self.log(f"new record: {path}  ({rec['wall_s']:.0f} s)")
         return out
 
     def _phase(self, jobs, read_only: bool = False) -> dict:
-        """Run this part's share of ``jobs``, then wait for the others'; {job: record}.
-        ``read_only``: train nothing, raise if a record is missing."""
+        """Run this part's share of ``jobs`` and wait for the others'
+        (:func:`qkmlp.runbase.records.run_jobs`: a part that is done takes over the jobs the
+        others have not started); {job: record}. ``read_only``: train nothing, raise if a
+        record is missing."""
+        names = [self.path(*j).name for j in jobs]
         if read_only:
-            missing = [self.path(*j).name for j in jobs if not self.path(*j).exists()]
+            missing = [n for n in names if not self.folder.has(n)]
             if missing:
                 raise FileNotFoundError(f"records missing in {self.records}: {missing}")
+            return {j: self.folder.load(n) for j, n in zip(jobs, names)}
         k, n = self.part
-        for i, job in enumerate(jobs):
-            if i % n == k - 1 and not read_only:
-                self._run_job(job)
-        announced = False
-        while not all(self.path(*j).exists() for j in jobs):
-            if not announced:
-                self.log(f"part {k}/{n}: waiting for the other parts' records in {self.records}")
-                announced = True
-            time.sleep(self.poll_s)
-        return {j: json.loads(self.path(*j).read_text()) for j in jobs}
+        recs = run_jobs(names, lambda i: self._run_job(jobs[i]), folder=self.folder, rank=k - 1, world=n,
+                        poll_s=self.poll_s,
+                        on_wait=lambda m: self.log(f"part {k}/{n}: waiting for the other parts' records in "
+                                                   f"{self.records}"))
+        return {j: recs[name] for j, name in zip(jobs, names)}
 
     def tune(self, read_only: bool = False) -> tuple[dict, list]:
         """Run (or read) the tuning jobs, extending the grid past an edge; (choice, records)."""
         lrs = list(self.cfg["lrs"])
         recs = self._phase(self.tune_jobs(lrs), read_only)
-        ratio = (max(lrs) / min(lrs)) ** (1 / (len(lrs) - 1)) if len(lrs) > 1 else 1.0
+        ratio = grid_ratio(lrs)
         choice = choose_lr(list(recs.values()), lrs)
         for _ in range(self.cfg["lr_extensions"] if len(lrs) > 1 else 0):
             if not choice["at_edge"]:
                 break
-            new = float(f"{choice['lr'] * (ratio if choice['lr'] == max(lrs) else 1 / ratio):.3g}")
+            new = next_rate(choice["lr"], lrs, ratio)
             lrs.append(new)
             recs.update(self._phase(self.tune_jobs([new]), read_only))
             choice = choose_lr(list(recs.values()), lrs)

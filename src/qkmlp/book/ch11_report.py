@@ -107,7 +107,7 @@ def window_gap(results: dict, arm: str, seed: int, text: Optional[str] = None, w
     the start (``when="before"``) or the end (``"after"``) of one seed's runs: ``mean``,
     ``se`` (over windows), ``t``, the two-sided ``p`` of a paired t-test, ``n`` windows.
     Two arms of one seed saw the same batches, so any two of them pair window by window."""
-    from ..report import paired_t
+    from ..runbase.stats import paired_t
 
     if when not in ("before", "after"):
         raise ValueError(f"when must be 'before' or 'after', got {when!r}")

@@ -8,15 +8,19 @@ effect. Figures are drawn on :mod:`qkmlp.book.figures` panels.
 """
 from __future__ import annotations
 
+import functools
+import json
 import math
+from pathlib import Path
 from typing import Optional, Sequence
 
-from .families import get_family
-from .runner import cell_key, compare, summary, values_by_seed
+from ..experiments.families import get_family
+from ..experiments.runner import cell_key, compare, summary, values_by_seed
 from ..runbase.stats import detectable_difference, holm, mean_sd
 
 __all__ = ["gain", "comparison_rows", "form_vs_form", "holm_family", "family_label", "plot_paired",
-           "SHAZEER_TABLE1", "shazeer_rows", "ordering_agreement", "tau_bootstrap", "plot_vs_shazeer", "plateau_rows",
+           "SHAZEER_FAMILIES", "shazeer_table1", "shazeer_rows", "ordering_agreement", "tau_bootstrap",
+           "plot_vs_shazeer", "plateau_rows",
            "plot_val_curves", "cross_table", "plot_cross_table", "swap_rows", "run_shifts", "provenance_rows",
            "plot_loss_vs_budget", "plot_gaps_vs_budget", "ACTIVATIONS"]
 
@@ -96,7 +100,7 @@ def plot_paired(rows: list[dict], ax, scale: float = 1.0, unit: str = "", labels
     """
     import numpy as np
 
-    from ..book.figures import COLORS
+    from .figures import COLORS
 
     n = len(rows)
     for i, r in enumerate(rows):
@@ -124,16 +128,25 @@ def plot_paired(rows: list[dict], ax, scale: float = 1.0, unit: str = "", labels
 
 #: Shazeer (2020), Table 1: held-out log-perplexity of T5-base variants on C4 span filling
 #: after 65 536 steps (mean, and the standard deviation over runs) and 524 288 steps.
-SHAZEER_TABLE1 = {
-    "kv-relu": (1.997, 0.005, 1.677),
-    "kv-gelu": (1.983, 0.005, 1.679),
-    "kv-silu": (1.994, 0.003, 1.683),
-    "gated1-sigmoid": (1.982, 0.006, 1.663),
-    "gated1-identity": (1.960, 0.005, 1.648),
-    "gated1-gelu": (1.942, 0.004, 1.633),
-    "gated1-silu": (1.944, 0.010, 1.636),
-    "gated1-relu": (1.953, 0.003, 1.645),
-}
+#: Shazeer's FFN names (Table 1 of shazeer2020glu) and the layer families of this book.
+SHAZEER_FAMILIES = {"ReLU": "kv-relu", "GELU": "kv-gelu", "Swish": "kv-silu", "GLU": "gated1-sigmoid",
+                    "bilinear": "gated1-identity", "GEGLU": "gated1-gelu", "SwiGLU": "gated1-silu",
+                    "ReGLU": "gated1-relu"}
+_TABLE1 = Path(__file__).resolve().parents[3] / "book" / "data" / "shazeer2020" / "table1.json"
+
+
+@functools.lru_cache(maxsize=None)
+def shazeer_table1(path: Optional[str] = None) -> dict:
+    """Shazeer's Table 1 as ``{family: (log-ppl at 65,536 steps, its sd, log-ppl at 524,288)}``,
+    read from ``book/data/shazeer2020/table1.json`` (transcribed there with its source)."""
+    path = Path(path) if path is not None else _TABLE1
+    if not path.exists():
+        raise FileNotFoundError(f"no Shazeer table at {path}; it ships with the book's source "
+                                "(book/data/shazeer2020/table1.json)")
+    table = json.loads(path.read_text())
+    cols = table["columns"]
+    i65, isd, i524 = cols.index("logppl_65536"), cols.index("sd_65536"), cols.index("logppl_524288")
+    return {SHAZEER_FAMILIES[row[0]]: (row[i65], row[isd], row[i524]) for row in table["rows"]}
 
 
 def shazeer_rows(results: dict, baseline: str = "kv-relu") -> list[dict]:
@@ -152,8 +165,8 @@ def shazeer_rows(results: dict, baseline: str = "kv-relu") -> list[dict]:
         else:
             row.update(diff=0.0, ci=(0.0, 0.0), better_in=None, n=len(results["meta"]["seeds"]), t_p=None,
                        sd_diff=0.0, diffs=[])
-        if fam in SHAZEER_TABLE1:
-            s, base = SHAZEER_TABLE1[fam], SHAZEER_TABLE1[baseline]
+        if fam in shazeer_table1():
+            s, base = shazeer_table1()[fam], shazeer_table1()[baseline]
             row.update(shazeer_65k=s[0] - base[0], shazeer_524k=s[2] - base[2])
         else:
             row.update(shazeer_65k=None, shazeer_524k=None)
@@ -164,7 +177,7 @@ def shazeer_rows(results: dict, baseline: str = "kv-relu") -> list[dict]:
 def ordering_agreement(results: dict, column: int = 0) -> dict:
     """Which pairwise orderings of Shazeer's eight variants reproduce here.
 
-    For each pair of families in :data:`SHAZEER_TABLE1` (``column`` 0: 65 536 steps,
+    For each pair of families in :func:`shazeer_table1` (``column`` 0: 65 536 steps,
     2: 524 288 steps): Shazeer's order (lower loss first) against ours (the sign of our
     paired mean difference, and whether its 95 % t-interval excludes zero). A pair is
     ``resolved`` by Shazeer when his difference exceeds twice the root-sum-square of his
@@ -177,18 +190,18 @@ def ordering_agreement(results: dict, column: int = 0) -> dict:
 
     from scipy.stats import kendalltau
 
-    fams = [f for f in SHAZEER_TABLE1 if f in results["config"]["families"]]
+    fams = [f for f in shazeer_table1() if f in results["config"]["families"]]
     pairs = []
     for a, b in combinations(fams, 2):
-        theirs = SHAZEER_TABLE1[a][column] - SHAZEER_TABLE1[b][column]
-        spread = (SHAZEER_TABLE1[a][1] ** 2 + SHAZEER_TABLE1[b][1] ** 2) ** 0.5
+        theirs = shazeer_table1()[a][column] - shazeer_table1()[b][column]
+        spread = (shazeer_table1()[a][1] ** 2 + shazeer_table1()[b][1] ** 2) ** 0.5
         c = compare(results, {"family": a}, {"family": b}, metric="test_loss")
         same = theirs != 0 and (c["mean_diff"] < 0) == (theirs < 0)
         pairs.append({"a": a, "b": b, "theirs": theirs, "ours": c["mean_diff"], "ci": c["ci"],
                       "agree": same, "significant": c["significant"],
                       "resolved": abs(theirs) > 2 * spread})
     means = {r["family"]: r["mean"] for r in summary(results)}
-    tau = kendalltau([SHAZEER_TABLE1[f][column] for f in fams], [means[f] for f in fams]).statistic
+    tau = kendalltau([shazeer_table1()[f][column] for f in fams], [means[f] for f in fams]).statistic
     res = [p for p in pairs if p["resolved"]]
     return {"pairs": pairs, "n": len(pairs), "agree": sum(p["agree"] for p in pairs),
             "agree_significant": sum(p["agree"] and p["significant"] for p in pairs),
@@ -223,11 +236,11 @@ def tau_bootstrap(results: dict, other: Optional[dict] = None, column: int = 0, 
     import random
     from itertools import combinations
 
-    fams = [f for f in SHAZEER_TABLE1 if f in results["config"]["families"]]
-    theirs = [SHAZEER_TABLE1[f][column] for f in fams]
+    fams = [f for f in shazeer_table1() if f in results["config"]["families"]]
+    theirs = [shazeer_table1()[f][column] for f in fams]
     all_pairs = list(combinations(range(len(fams)), 2))
     resolved = [(i, j) for i, j in all_pairs
-                if abs(theirs[i] - theirs[j]) > 2 * math.hypot(SHAZEER_TABLE1[fams[i]][1], SHAZEER_TABLE1[fams[j]][1])]
+                if abs(theirs[i] - theirs[j]) > 2 * math.hypot(shazeer_table1()[fams[i]][1], shazeer_table1()[fams[j]][1])]
     grids = [results] + ([other] if other is not None else [])
     by = [[values_by_seed(g, "test_loss", family=f) for f in fams] for g in grids]
     seeds = sorted(set.intersection(*(set(v) for g in by for v in g)))
@@ -260,7 +273,7 @@ def tau_bootstrap(results: dict, other: Optional[dict] = None, column: int = 0, 
 def plot_vs_shazeer(rows: list[dict], ax, column: str = "shazeer_65k"):
     """Our difference from ReLU (y, nats per character, 95 % interval) against Shazeer's
     (x, nats per token), one labelled point per variant of his Table 1."""
-    from ..book.figures import COLORS
+    from .figures import COLORS
 
     pts = [r for r in rows if r[column] is not None]
     for i, r in enumerate(pts):
@@ -298,7 +311,7 @@ def plot_val_curves(results: dict, ax, families: Sequence[str], **cell):
     """Mean validation loss against step per family (one colour each), the evaluation runs."""
     import numpy as np
 
-    from ..book.figures import COLORS
+    from .figures import COLORS
 
     if len(families) > len(COLORS):
         raise ValueError(f"at most {len(COLORS)} families per panel (one colour each)")
@@ -400,7 +413,7 @@ def plot_loss_vs_budget(results_by_steps: dict, families: Sequence[str], ax, ste
     """Mean test loss against the step budget, one colour per family, with the 95 %
     t-interval over seeds (bars); ``steps``: every declared budget (ticks), of which those
     in ``results_by_steps`` are drawn."""
-    from ..book.figures import COLORS
+    from .figures import COLORS
     from ..runbase.stats import t_interval
 
     if len(families) > len(COLORS):
@@ -427,7 +440,7 @@ def plot_gaps_vs_budget(rows: list[dict], ax, steps: Sequence[int], labels: dict
     (``labels``: {(a, b): name}, one colour each) the mean with its 95 % interval, each
     seed's difference as a grey dot, the mean filled where the declared verdict is a
     difference and hollow otherwise; the equivalence band ±``margin`` shaded."""
-    from ..book.figures import COLORS
+    from .figures import COLORS
 
     stored = sorted({r["steps"] for r in rows if r["verdict"] != "not yet run"})
     keys = list(labels)

@@ -12,8 +12,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..book import figures
-from .report import text_results
+from . import figures
+from ..pretrained.report import text_results
 
 __all__ = ["legend_below", "plot_alignment_spread", "plot_cos_histogram", "plot_mean_rows", "plot_rows_against_mean",
            "plot_balance_fixed", "plot_gate_inputs", "plot_silu_range", "plot_offsets", "plot_residual_outliers",

@@ -9,8 +9,8 @@ from typing import Optional
 
 import numpy as np
 
-from ...book.figures import COLORS
-from . import report as R
+from . import ch11_report as R
+from .figures import COLORS
 
 __all__ = ["ARM_COLORS", "ARM_LABELS", "plot_recovery", "plot_gaps"]
 

@@ -11,10 +11,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..book import figures
-from .plots import legend_below
-from .report import all_changes, loss_change, text_results
-from .textrun import parse_key
+from . import figures
+from ..pretrained.report import all_changes, loss_change, text_results
+from ..pretrained.textrun import parse_key
+from .ch09_plots import legend_below
 
 __all__ = ["LABELS", "COLOR", "MARKER", "label", "plot_layer_costs", "plot_cost_vs_size", "plot_alpha",
            "plot_texts", "plot_unit_costs", "plot_unit_groups"]

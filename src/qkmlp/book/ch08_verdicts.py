@@ -173,7 +173,7 @@ def budget_rows(declarations: Mapping[str, dict], results_by_steps: Mapping[int,
     """:func:`.declared.budget_tests` on the stored budgets, plus one row
     ``{"id", "steps", "a", "b", "verdict": "not yet run"}`` for each budget a declaration
     names that is not stored; ordered by declaration, then budget."""
-    from .declared import budget_tests
+    from ..experiments.declared import budget_tests
 
     tested = budget_tests(declarations, results_by_steps) if results_by_steps else []
     by = {(r["id"], r["steps"]): r for r in tested}
@@ -237,7 +237,7 @@ def trend_status(declaration: dict, results_by_steps: Mapping[int, dict]) -> dic
     are then differences between two budgets, not a trend over the range; ``rows`` from
     :func:`.declared.trend_tests`); ``"trend"`` with three or more.
     """
-    from .declared import trend_tests
+    from ..experiments.declared import trend_tests
 
     stored, declared = sorted(results_by_steps), declared_steps(declaration)
     base = {"stored": stored, "declared": declared}
@@ -258,7 +258,7 @@ def multiplier_status(declaration: dict, results_by_steps: Mapping[int, dict], b
     (with ``multiplier``, ``ci``, ``outside_grid`` from
     :func:`.declared.compute_multiplier` on the stored budgets).
     """
-    from .declared import compute_multiplier
+    from ..experiments.declared import compute_multiplier
 
     declared = declared_steps(declaration)
     stored = sorted(results_by_steps)

@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 from typing import Optional, Sequence
 
-from .report import compare_layers, holm, loss_change, paired_t, text_results
-from .textrun import parse_key
+from ..pretrained.report import compare_layers, loss_change, text_results
+from ..runbase.stats import holm_rejects, paired_t
+from ..pretrained.textrun import parse_key
 
 __all__ = ["texts_table", "layer_means", "layer_comparison", "orbit_points", "orbit_matched", "across_texts",
            "unit_findings", "unit_set_test", "ranges", "claim_by_text", "orbit_summary", "all_layer_table", "top_units"]
@@ -152,7 +153,7 @@ def unit_set_test(results: dict, a: str = "closest", b: str = "random", *, layer
                 raise KeyError(f"no unit set {name!r} in layer {l}; stored: {', '.join(sets)}")
         t = paired_t(sets[b]["losses"], sets[a]["losses"])        # mean of a − b
         rows.append({"layer": l, "mean": t["mean"], "se": t["se"], "p": t["p"]})
-    for r, sig in zip(rows, holm([r["p"] for r in rows], level) if rows else []):
+    for r, sig in zip(rows, holm_rejects([r["p"] for r in rows], level) if rows else []):
         r["significant"] = sig
         r["verdict"] = ("cheaper" if r["mean"] < 0 else "costlier") if sig else "not resolved"
     return rows
