@@ -20,8 +20,12 @@ book: $(STAMP)
 
 # Each notebook runs once: the book build (tests/test_book.py) executes them all and checks
 # every executed copy; `pytest --nbval-lax --nbval-current-env book/X.ipynb` runs one alone.
+# The numerics references run a second time on torch's plainest kernels, so that a reference
+# that only matches the kernels of the machine that wrote it cannot pass.
+NUMERICS := tests/test_run_reference.py tests/test_retrain.py::test_training_numerics_match_the_reference_of_this_code_version
 test: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadscope tests
+	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -n 2 -q -p no:cacheprovider $(NUMERICS)
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab book/

@@ -16,6 +16,7 @@ import pytest
 from qkmlp.experiments.runner import RUN_CODE_VERSION
 
 import run_reference as ref
+from numerics_tolerance import ABS_TOL, REL_TOL
 
 STORED = json.loads(ref.PATH.read_text())
 
@@ -29,11 +30,13 @@ def test_the_reference_is_of_the_current_code_versions():
         f"regenerate it with `python tests/run_reference.py`")
 
 
-def _close(a, b, rel=1e-6):
+def _close(a, b, rel=REL_TOL):
+    """Equal up to REL_TOL: the rounding of every kernel set torch may pick, measured
+    (tests/numerics_tolerance.py), far below a real change of the numerics."""
     if isinstance(a, list):
         return len(a) == len(b) and all(_close(x, y, rel) for x, y in zip(a, b))
     if isinstance(a, float):
-        return math.isclose(a, b, rel_tol=rel, abs_tol=1e-12)
+        return math.isclose(a, b, rel_tol=rel, abs_tol=ABS_TOL)
     return a == b
 
 
@@ -48,3 +51,17 @@ def test_a_run_computes_what_the_reference_stored(case):
                       f"{next(iter(diff.values()))}). If the change is deliberate, bump RUN_CODE_VERSION in "
                       f"qkmlp/experiments/runner.py and regenerate tests/data/run_reference.json "
                       f"(`python tests/run_reference.py`); otherwise the change altered training by accident.")
+
+
+def test_a_deliberate_change_of_the_numerics_trips_the_guard(monkeypatch):
+    """Adam's epsilon 1e-7 instead of 1e-8 in the first toy case moves its numbers past REL_TOL."""
+    import torch
+
+    case = ref.cases()[0]
+    stored = [r for r in STORED["runs"] if r["task"] == case[0] and r["cell"] == case[1] and r["seed"] == case[2]][0]
+    assert all(_close(stored[k], v) for k, v in ref.run_case(*case).items())
+    for name in ("Adam", "AdamW"):
+        orig = getattr(torch.optim, name)
+        monkeypatch.setattr(torch.optim, name, lambda *a, _o=orig, **k: _o(*a, **{**k, "eps": 1e-7}))
+    live = ref.run_case(*case)
+    assert not all(_close(stored[k], v) for k, v in live.items())

@@ -27,7 +27,7 @@ from typing import Mapping, Optional, Sequence, Union
 import torch
 
 from .. import __version__
-from ..runbase.provenance import versions
+from ..runbase.provenance import run_machine, versions
 from ..runbase.records import load_record, save_record
 from .anatomy import cos_histogram, pair_geometry, shuffled_pairs, summarise
 from .heldout import heldout_windows
@@ -209,7 +209,8 @@ class _JobCache:
 
     def put(self, job, output):
         result, timing = output
-        save_record(self._path(job), {"kind": job["kind"], "result": result, "timing": timing})
+        save_record(self._path(job), {"kind": job["kind"], "result": result, "timing": timing,
+                                      "machine": run_machine()})
 
 
 _WORKER: dict = {}
