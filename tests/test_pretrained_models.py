@@ -186,7 +186,7 @@ def _smollm2_tokenizer_folder():
 
 
 @pytest.mark.slow
-def test_the_command_line_runs_on_a_model_folder(tmp_path):
+def test_the_command_line_runs_on_a_model_folder(tmp_path, capsys):
     """A Qwen2-configured random model with SmolLM2's tokenizer, saved with
     save_pretrained: ``python -m qkmlp.pretrained --model FOLDER`` stores an analysis
     whose base losses equal a direct computation on the same windows."""
@@ -208,6 +208,16 @@ def test_the_command_line_runs_on_a_model_folder(tmp_path):
                  "--length", "16", "--layers", "1", "--unit-layers", "none", "--alphas-all=-1,2",
                  "--alphas-layer", "2", "--no-progress"]) == 0
     res = json.loads(out.read_text())
+    # the CLI prints what it found: the conversion check and the loss changes, as stored
+    printed = capsys.readouterr().out
+    base, swap_all = res["texts"]["pydoc_topics"]["base"], res["texts"]["pydoc_topics"]["all"]["swap"]
+    mean_swap = sum(b - a for a, b in zip(base, swap_all)) / len(base)
+    assert "GatedMLP conversion, float32: largest logit difference" in printed
+    assert f"swap {mean_swap:+8.3f}".replace(" ", "") in printed.replace(" ", "")
+    layer1 = [ln for ln in printed.splitlines() if ln.strip().startswith("1 ")]
+    swap1 = res["texts"]["pydoc_topics"]["layer"]["swap"][1]
+    assert layer1 and f"{sum(b - a for a, b in zip(base, swap1)) / len(base):+.4f}" in layer1[0]
+    assert f"wrote {out}" in printed and "qkmlp.pretrained.report" in printed
     assert res["model"]["architecture"] == "Qwen2ForCausalLM"
     assert res["meta"]["source"]["kind"] == "folder" and "model.safetensors" in res["meta"]["source"]["sha256"]
     t = res["texts"]["pydoc_topics"]

@@ -11,6 +11,12 @@ A quick look at another model (one text, four windows, no per-unit analysis)::
 
     python -m qkmlp.pretrained --model ~/models/Qwen2.5-0.5B --texts pydoc_topics \\
         --windows 4 --unit-layers none --out qwen.json
+
+It prints a short summary (the conversion check, the loss changes of every MLP replaced at
+once and per layer). The JSON holds everything, per window: read it with
+``qkmlp.pretrained.report`` (``load_results``, ``layer_changes``, ``all_changes``,
+``compare_layers``); chapter 9's readers are ``qkmlp.book.ch09_findings`` and
+``qkmlp.book.ch09_plots_costs``.
 """
 from __future__ import annotations
 
@@ -35,7 +41,9 @@ def _ints(text: str):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m qkmlp.pretrained", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m qkmlp.pretrained", description=__doc__.split("\n\n", 1)[0],
+                                epilog=__doc__.split("\n\n", 1)[1].replace("``", "").replace("::", ":"),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True, help="JSON file to write")
     p.add_argument("--model", default=None,
                    help="a local model folder (Hugging Face format) or .gguf file (default: SmolLM2-135M "
@@ -77,7 +85,7 @@ def main(argv=None) -> int:
     layers = None if args.layers is None else _ints(args.layers)
     unit_layers = None if args.unit_layers is None else _ints(args.unit_layers)
     command = "python -m qkmlp.pretrained " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
-    from .report import save_results
+    from .report import save_results, summary_lines
 
     result = run(model_path=args.model, texts=texts if texts is not None else names, n_windows=args.windows,
                  length=args.length, batch_size=args.batch_size, bos=False if args.no_bos else None,
@@ -85,6 +93,7 @@ def main(argv=None) -> int:
                  toward_swap=_floats(args.toward_swap), layers=layers, unit_layers=unit_layers,
                  jobs=args.jobs, cache=args.cache, progress=not args.no_progress, command=command)
     save_results(result, Path(args.out))
+    print("\n".join(summary_lines(result)))
     print(f"wrote {args.out} ({result['meta']['wall_s'] / 60:.1f} min)")
     return 0
 

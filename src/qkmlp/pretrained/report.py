@@ -18,7 +18,7 @@ from ..runbase.stats import holm_rejects, paired_t
 from .textrun import key as _key
 
 __all__ = ["save_results", "load_results", "key", "text_results", "loss_change", "layer_changes", "all_changes",
-           "compare_layers", "rerun_slice", "stored_windows"]
+           "compare_layers", "rerun_slice", "stored_windows", "summary_lines"]
 
 
 def _round(obj, digits: int = 7):
@@ -158,3 +158,41 @@ def stored_windows(tokenizer, results: dict, text: Optional[str] = None) -> torc
         raise ValueError(f"the windows of {info['name']!r} made here differ from the stored run's "
                          f"(token ids hash {found[:16]}..., stored {info['windows_sha256'][:16]}...)")
     return ids
+
+
+def summary_lines(results: dict, text: Optional[str] = None) -> list[str]:
+    """A short plain-text summary of a stored analysis (what ``python -m qkmlp.pretrained``
+    prints): the conversion check, then on ``text`` (default: the main text) the held-out
+    loss, the change of loss (nats/token, mean over windows) when every MLP at once is
+    replaced, and per layer the removal, the exchange q <-> k and alpha = -1 where stored."""
+    name = results["config"]["main_text"] if text is None else text
+    t = text_results(results, name)
+    m = results.get("model", {})
+    out = [f"model: {m.get('architecture', '?')}, {m.get('n_layers', '?')} layers, d_model {m.get('d_model', '?')}, "
+           f"d_hidden {m.get('d_hidden', '?')}, {m.get('hidden_act', '?')}"]
+    for dtype, c in results.get("logits", {}).items():
+        out.append(f"GatedMLP conversion, {dtype}: largest logit difference {c['max_abs_diff']:.2g} "
+                   f"(largest logit {c['max_abs_logit']:.3g}), argmax {'agrees' if c['argmax_agree'] else 'DIFFERS'}")
+    base = t["base"]
+    out.append(f"text {name!r}: {len(base)} windows, loss {sum(base) / len(base):.3f} nats/token")
+    every = [k for k in ("none", "swap", "symmetrized", "symmetric", "identity", "rescale:-1", "rescale:2")
+             if k in t.get("all", {})]
+    if every:
+        out.append("every MLP at once, loss change (nats/token, mean ± se over windows):")
+        for k in every:
+            mean, se = loss_change(base, t["all"][k])
+            out.append(f"  {k:<14} {mean:+8.3f} ± {se:.3f}")
+    kinds = [k for k in ("none", "swap", "rescale:-1") if k in t.get("layer", {})]
+    if kinds:
+        out.append("one layer at a time, loss change (nats/token):")
+        out.append("  layer " + "".join(f"{k:>12}" for k in kinds))
+        n = len(t["layer"][kinds[0]])
+        for layer in range(n):
+            cells = []
+            for k in kinds:
+                rows = t["layer"][k][layer]
+                cells.append(f"{loss_change(base, rows)[0]:+12.4f}" if rows is not None else f"{'-':>12}")
+            out.append(f"  {layer:>5} " + "".join(cells))
+    out.append("read it in Python: qkmlp.pretrained.report (load_results, layer_changes, all_changes, "
+               "compare_layers); the book's readers: qkmlp.book.ch09_findings, ch09_plots_costs")
+    return out
