@@ -71,7 +71,7 @@ def test_each_formula_puts_sigma_on_the_right_factor(drawn):
     assert "softmax" in f["attention"] and "q" in f["attention"] and "k_i" in f["attention"]
     assert _sigma_argument(f["key_value"]) == r"x\cdot k_j"
     assert _sigma_argument(f["bilinear"]).replace(" ", "") == r"xA_jx^{\top}"
-    assert _formula(drawn["bilinear"], "note")[0].startswith(r"A_j = q_j^{\top}k_j")   # rank 1 leads on
+    assert _formula(drawn["bilinear"], "note")[0].startswith(r"\mathrm{rank\ 1:}\ A_j = q_j^{\top}k_j")  # leads on
     sym, gated = _sigma_argument(f["symmetric"]), _sigma_argument(f["gated"])
     assert "q_j" in sym and "k_j" in sym                    # σ of the product
     assert "q_j" in gated and "k_j" not in gated            # σ of the gate alone

@@ -187,7 +187,7 @@ def _bilinear():
     _arrow(ax, (x0 + side, YC), s)
     _value_out(ax, s)
     _formula(ax, 0.5, [(r"\sigma(x A_j x^{\top})\ ", None), ("v_j", "v")])
-    _formula(ax, 0.16, [("A_j = ", None), (r"q_j^{\top}", "q"), ("k_j", "k"), (r"\quad\mathrm{(rank\ 1)}", None)],
+    _formula(ax, 0.16, [(r"\mathrm{rank\ 1:}\ A_j = ", None), (r"q_j^{\top}", "q"), ("k_j", "k")],
              fontsize=NOTE_PT + 0.5, gid="note")
     return fig
 
