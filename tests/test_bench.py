@@ -185,7 +185,9 @@ def test_ratio_panels_draw_every_run_interval_and_the_aa_spread():
                            "llama_mlp_copy": (1.0, 0.98)}),
            _fake_headline({"gated_mlp": (0.97, 1.05), "symmetric_mlp": (1.01, 1.0),
                            "llama_mlp_copy": (1.01, 1.02)})]
-    figs = bench.ratio_panels(hls)
+    from qkmlp.book.ch10_cost import RATIO_CANDIDATES, ratio_panels
+
+    figs = ratio_panels(hls)
     assert len(figs) == 2
     for fig, key in zip(figs, ("fwd_vs_llama", "fwd_bwd_vs_llama")):
         ax = fig.axes[0]
@@ -197,14 +199,14 @@ def test_ratio_panels_draw_every_run_interval_and_the_aa_spread():
               else [v[1] for v in r.get_xy()])
         assert min(ys) == pytest.approx(lo) and max(ys) == pytest.approx(hi)
         bars = {c.get_label(): c for c in ax.containers}
-        for k, _, _, lab in bench.RATIO_CANDIDATES:
+        for k, _, _, lab in RATIO_CANDIDATES:
             got = list(bars[lab].lines[0].get_ydata())
             assert got == [h["paired_ratios"][k][key]["median"] for h in hls]
     import matplotlib.pyplot as plt
     for f in figs:
         plt.close(f)
     with pytest.raises(ValueError, match="at least one"):
-        bench.ratio_panels([])
+        ratio_panels([])
 
 
 _PROFILE_SCRIPT = r"""

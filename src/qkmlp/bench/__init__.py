@@ -37,7 +37,7 @@ the bare-GEMM floor), :mod:`~qkmlp.bench.timing` (the interleaved harness),
 :mod:`~qkmlp.bench.memory` (saved bytes, the allocator, stack peaks),
 :mod:`~qkmlp.bench.ops` (profiler op counts), :mod:`~qkmlp.bench.roofline`,
 :mod:`~qkmlp.bench.machine` (machine and provenance), :mod:`~qkmlp.bench.suites`,
-:mod:`~qkmlp.bench.report` (tables and figures) and :mod:`~qkmlp.bench.cli` (the command).
+:mod:`~qkmlp.bench.report` (tables; chapter 10 draws the figures, :mod:`qkmlp.book.ch10_cost`) and :mod:`~qkmlp.bench.cli` (the command).
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ from .memory import (allocator_settings, bench_stack, compiled_saved_tensors, sa
                      stack_ratios, stack_step_peak)
 from .ops import CONVERSION_OPS, ELEMENTWISE_OPS, op_counts
 from .references import LlamaMLP, ResidualBlock, SiLUMul, liger_style_mlp, make_mlp
-from .report import RATIO_CANDIDATES, format_paired, format_report, ratio_panels
+from .report import format_paired, format_report
 from .roofline import (ROOFLINE_KINDS, bench_roofline, forward_bytes, gemm_flops, machine_peak, roofline_point,
                        roofline_rows)
 from .stats import TARGETS, aa_spread, control_verdict, median_interval, paired_ratio, pooled_paired_ratio, verdict
@@ -58,8 +58,6 @@ __all__ = [
     "LlamaMLP",
     "SiLUMul",
     "liger_style_mlp",
-    "ratio_panels",
-    "RATIO_CANDIDATES",
     "saved_bytes",
     "compiled_saved_tensors",
     "time_interleaved",

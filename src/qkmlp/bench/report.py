@@ -1,11 +1,10 @@
-"""Reading results: plain-text tables of a run and the ratio figures of chapter 10."""
+"""Reading results: plain-text tables of a run (chapter 10 draws the figures: :mod:`qkmlp.book.ch10_cost`)."""
 from __future__ import annotations
 
 from .memory import stack_ratios
 from .roofline import ROOFLINE_KINDS, roofline_rows
-from .stats import aa_spread
 
-__all__ = ["format_report", "format_paired", "RATIO_CANDIDATES", "ratio_panels"]
+__all__ = ["format_report", "format_paired"]
 
 
 def _ms(s: float) -> str:
@@ -95,39 +94,3 @@ def format_report(res: dict) -> str:
                     f"{pt['gflops']['forward'][k]:6.1f}|{pt['gflops']['forward_backward'][k]:6.1f} "
                     for k in ROOFLINE_KINDS))
     return "\n".join(lines)
-
-
-#: (candidate, colour index in figures.COLORS, marker, label) drawn by :func:`ratio_panels`.
-RATIO_CANDIDATES = (("gated_mlp", 0, "o", "gated_mlp"), ("symmetric_mlp", 1, "s", "symmetric_mlp"),
-                    ("llama_mlp_copy", 7, "^", "A/A control"))
-
-
-def ratio_panels(headlines: list, tables=(("fwd_vs_llama", "forward"),
-                                          ("fwd_bwd_vs_llama", "forward + backward")),
-                 candidates=RATIO_CANDIDATES, xlabel: str = "stored run") -> list:
-    """One panel per ``(ratio key, title)`` of ``tables``: for each headline result (one
-    per stored run, in order) the paired ratio to the Llama MLP of every candidate
-    (median, error bar the 95 % interval), the A/A spread (:func:`aa_spread`) shaded and
-    1 drawn. ``headlines``: headline dicts of :func:`bench_headline`. Returns the
-    matplotlib figures (show them with ``figures.show``)."""
-    from ..book import figures
-
-    if not headlines:
-        raise ValueError("ratio_panels needs at least one headline result")
-    out = []
-    for key, title in tables:
-        fig, ax = figures.panel(height=3.4)
-        spread = aa_spread(headlines, key)
-        ax.axhspan(spread[0], spread[1], color="0.85", label="A/A spread")
-        for j, (k, col, mk, lab) in enumerate(candidates):
-            p = [h["paired_ratios"][k][key] for h in headlines]
-            xs = [i + 1 + 0.2 * (j - 1) for i in range(len(headlines))]
-            med = [q["median"] for q in p]
-            err = [[q["median"] - q["lo"] for q in p], [q["hi"] - q["median"] for q in p]]
-            ax.errorbar(xs, med, yerr=err, fmt=mk, color=figures.COLORS[col], capsize=2, label=lab)
-        ax.axhline(1.0, color="k", lw=0.6)
-        ax.set_xticks(range(1, len(headlines) + 1))
-        ax.set(xlabel=xlabel, ylabel="time / Llama MLP", title=title)
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2)
-        out.append(fig)
-    return out

@@ -3,7 +3,7 @@
 Every function takes the results dict of :func:`qkmlp.pretrained.runner.run` and a
 matplotlib axes (and, where the figure reads one held-out text, ``text=``, default the
 run's main text), draws one panel and returns the axes. The figures of the costs are in
-:mod:`qkmlp.pretrained.plots_costs`. Colours follow :data:`qkmlp.book.figures.COLORS`.
+:mod:`qkmlp.book.ch09_plots_costs`. Colours follow :data:`qkmlp.book.figures.COLORS`.
 """
 from __future__ import annotations
 

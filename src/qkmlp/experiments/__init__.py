@@ -4,7 +4,7 @@ Families of layers at matched parameter counts (:mod:`.families`), toy tasks and
 character-level language model on Shakespeare (:mod:`.tasks`, :mod:`.lm`, :mod:`.corpus`),
 one training loop with early stopping (:mod:`.train`), the protocol runner (learning rate
 tuned per cell on a validation split, then evaluation seeds; :mod:`.runner`), torchrun
-sharding (:mod:`.dist`) and paired statistics with Holm's correction (:mod:`.stats`).
+sharding (:mod:`.dist`) and paired statistics with Holm's correction (:mod:`qkmlp.runbase.stats`).
 Run every grid with ``python -m qkmlp.experiments --task all``.
 """
 from .families import FAMILIES, Family, family_names, get_family, hidden_width, kv_budget, make_layer

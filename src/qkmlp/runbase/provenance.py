@@ -62,7 +62,7 @@ def versions(*packages: str) -> dict:
 
 
 def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), or what :mod:`platform` says elsewhere."""
+    """The CPU's model name (``/proc/cpuinfo``), or what Python's ``platform`` module says elsewhere."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:

@@ -13,8 +13,10 @@ control, fine-tuned the same way.
 - :mod:`~qkmlp.pretrained.retrain.grid`: the grid (rate tuned on the control, then every
   arm and seed), one committed JSON record per run,
   :func:`~qkmlp.pretrained.retrain.grid.assemble`;
-- :mod:`~qkmlp.pretrained.retrain.report` and :mod:`~qkmlp.pretrained.retrain.plots`:
-  reading a stored grid (paired gaps to the control per seed) and its figures (chapter 11);
+- :mod:`~qkmlp.pretrained.retrain.matching`: the matched controls (the fraction of
+  swapped units whose starting loss matches a symmetric arm's);
+- reading a stored grid (paired gaps to the control per seed) and its figures are the
+  book's: :mod:`qkmlp.book.ch11_report` and :mod:`qkmlp.book.ch11_plots` (chapter 11);
 - ``python -m qkmlp.pretrained.retrain`` (``__main__``): the command.
 
 Importing this package does not import ``transformers``.
