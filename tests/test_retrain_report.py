@@ -160,3 +160,81 @@ def test_plots_draw_every_arm_and_seed():
     plots.plot_gaps(results(gap_end=(0.3, -0.3)), a3)
     assert a3.get_yscale() == "symlog"
     plt.close("all")
+
+
+# ---- the declared matched-control test (retrain-matched-control.json) -------------------
+
+MC_TEXTS = ["shakespeare_test", "python_test", "pydoc_topics"]
+MC_DECL = {"alpha": 0.05, "equivalence": {"margin": 0.1}}
+
+
+def _mc_results(delta, s_gap=2.0, n=16):
+    """Windows at the end of training: control c, symmetric arm S = c + s_gap + noise,
+    matched control M = S + delta[(arm, seed)] + noise (16 windows per text)."""
+    runs = []
+    for seed in (0, 1):
+        rng = np.random.default_rng(seed)
+        c = {t: (3.0 + rng.normal(0, 0.5, n)).tolist() for t in MC_TEXTS}
+        runs.append({"arm": "gated", "seed": seed, "windows_after": c})
+        for arm, m_arm in (("symmetrized", "swapped-f0.250"), ("symmetric", "swapped-f0.800")):
+            s = {t: (np.array(c[t]) + s_gap + rng.normal(0, 0.01, n)).tolist() for t in MC_TEXTS}
+            m = {t: (np.array(s[t]) + delta[arm, seed] + rng.normal(0, 0.01, n)).tolist() for t in MC_TEXTS}
+            runs += [{"arm": arm, "seed": seed, "windows_after": s}, {"arm": m_arm, "seed": seed, "windows_after": m}]
+    res = {"config": {"heldout_texts": MC_TEXTS, "main_text": "pydoc_topics",
+                      "arm_blocks": [["gated", "symmetrized", "symmetric"], ["swapped-f0.250", "swapped-f0.800"]]},
+           "runs": runs}
+    matching = {"matches": {"symmetrized": {"control": "swapped-f0.250"}, "symmetric": {"control": "swapped-f0.800"}}}
+    return res, matching
+
+
+def _deltas(a, b, c=None, d=None):
+    return {("symmetrized", 0): a, ("symmetrized", 1): b, ("symmetric", 0): a if c is None else c,
+            ("symmetric", 1): b if d is None else d}
+
+
+def test_matched_control_cells_are_the_plain_window_means():
+    res, matching = _mc_results(_deltas(-0.5, -0.4))
+    out = R.matched_control(res, matching, MC_DECL)
+    assert len(out["cells"]) == 12 and out["margin"] == 0.1
+    for cell in out["cells"]:
+        m = R.run_of(res, cell["control"], cell["seed"])["windows_after"][cell["text"]]
+        s = R.run_of(res, cell["arm"], cell["seed"])["windows_after"][cell["text"]]
+        c = R.run_of(res, "gated", cell["seed"])["windows_after"][cell["text"]]
+        assert cell["D"] == pytest.approx(sum(m) / 16 - sum(s) / 16, abs=1e-12)
+        assert cell["G"] == pytest.approx(sum(s) / 16 - sum(c) / 16, abs=1e-12)
+        assert cell["share"] == pytest.approx(-cell["D"] / cell["G"])
+        assert cell["holm_p"] >= cell["p"] and cell["n"] == 16
+    # Holm over all twelve: the smallest p is multiplied by 12 (capped at 1)
+    ps = sorted(c["p"] for c in out["cells"])
+    assert min(c["holm_p"] for c in out["cells"]) == pytest.approx(min(1.0, 12 * ps[0]))
+
+
+@pytest.mark.parametrize("deltas, verdict", [
+    (_deltas(-0.5, -0.4), "symmetric form costs beyond its distance"),
+    (_deltas(0.0, 0.0), "distance accounts for the gap"),
+    (_deltas(0.5, 0.6), "gated form costs more at equal distance"),
+    (_deltas(-0.05, -0.3), "not resolved"),          # beyond the margin in one seed only
+])
+def test_matched_control_verdict_follows_the_declared_rule(deltas, verdict):
+    res, matching = _mc_results(deltas)
+    out = R.matched_control(res, matching, MC_DECL)
+    assert {a["verdict"] for a in out["arms"].values()} == {verdict}
+
+
+def test_matched_control_budget_qualifier_and_third_seed():
+    res, matching = _mc_results(_deltas(-0.5, 0.5, -1.9, -1.8))
+    out = R.matched_control(res, matching, MC_DECL)
+    sz, sy = out["arms"]["symmetrized"], out["arms"]["symmetric"]
+    assert sz["third_seed"] and not sy["third_seed"]          # seed means of opposite sign
+    assert sz["verdict"] == "not resolved"
+    assert sz["budget_limited"] and not sy["budget_limited"]   # M's own gap 1.5-2.5 vs 0.1-0.2
+    assert sy["verdict"] == "symmetric form costs beyond its distance"
+
+
+def test_matched_control_refuses_missing_runs():
+    res, matching = _mc_results(_deltas(-0.5, -0.4))
+    with pytest.raises(ValueError, match="matches"):
+        R.matched_control(res, {}, MC_DECL)
+    bad = {"matches": {"symmetrized": {"control": "swapped-f0.123"}}}
+    with pytest.raises(KeyError, match="swapped-f0.123"):
+        R.matched_control(res, bad, MC_DECL)

@@ -25,7 +25,7 @@ from typing import Optional
 import numpy as np
 
 __all__ = ["load_retrain", "arms", "seeds", "texts", "run_of", "curve", "gap_curve", "original_loss",
-           "window_gap", "gap_summary", "recovery_rows", "schedule_at"]
+           "window_gap", "gap_summary", "recovery_rows", "schedule_at", "matched_control", "MATCHED_VERDICTS"]
 
 CONTROL = "gated"
 
@@ -185,3 +185,80 @@ def recovery_rows(results: dict, text: Optional[str] = None, digits: int = 3) ->
                      rng([100 * c for c in g["closed"]], "{:.1f}\u00a0%"),
                      rng(g["tail_change"], f), rng(g["to_original"], f)])
     return rows
+
+
+#: The verdicts of the declared matched-control test
+#: (``book/data/pretrained/declared/retrain-matched-control.json``), keyed as its outcomes.
+MATCHED_VERDICTS = ("symmetric form costs beyond its distance", "distance accounts for the gap",
+                    "gated form costs more at equal distance", "not resolved")
+
+
+def matched_control(results: dict, matching: dict, declaration: dict) -> dict:
+    """The declared test of chapter 11's matched controls, read from stored runs.
+
+    For each symmetric arm S of ``matching["matches"]`` (``retrain_matching.json``) with its
+    matched control M = ``matches[S]["control"]`` (a gated arm with q and k swapped in a
+    fraction of the units, started as far from the model as S), every held-out text and
+    every seed that has runs of M, S and the control, the cell holds, over the text's windows
+    at the end of training (nats/token):
+
+    - ``D``: mean of (loss of M − loss of S), with ``se``, the paired t ``p`` and its Holm
+      adjustment ``holm_p`` over *all* cells of all arms, and ``tost_p`` against the
+      declared margin;
+    - ``G``: S's own end gap to the control (S − control); ``share``: D / (−G), the share of
+      S's gap the matched control avoids; ``GM``: M's end gap to the control.
+
+    Per arm: ``verdict`` (one of :data:`MATCHED_VERDICTS`, by the declared rule),
+    ``budget_limited`` (M's own gap ≥ ``budget_gap`` in every cell: both stall far
+    behind), ``seed_means`` (D averaged over texts, per seed) and ``third_seed``
+    (those differ in sign: the declaration then runs seed 2). Returns
+    ``{"cells", "arms", "alpha", "margin"}``."""
+    from ..runbase.stats import holm, paired_t, tost
+
+    alpha = float(declaration.get("alpha", 0.05))
+    margin = float(declaration["equivalence"]["margin"])
+    budget_gap = 0.5
+    matches = matching.get("matches") if isinstance(matching, dict) else None
+    if not matches:
+        raise ValueError("matching must be the dict of retrain_matching.json, with a non-empty 'matches'")
+    cells = []
+    for s_arm, m in matches.items():
+        m_arm = m["control"]
+        ss = [s for s in seeds(results, s_arm) if s in seeds(results, m_arm) and s in seeds(results, CONTROL)]
+        if not ss:
+            raise KeyError(f"no seed has runs of {s_arm!r}, its matched control {m_arm!r} and the control")
+        for text in texts(results):
+            for seed in ss:
+                w_m = run_of(results, m_arm, seed)["windows_after"][text]
+                w_s = run_of(results, s_arm, seed)["windows_after"][text]
+                w_c = run_of(results, CONTROL, seed)["windows_after"][text]
+                d = [a - b for a, b in zip(w_m, w_s)]
+                t = paired_t(w_s, w_m)                     # mean of (M − S)
+                g = float(np.mean(np.subtract(w_s, w_c)))
+                cells.append({"arm": s_arm, "control": m_arm, "text": text, "seed": seed, "n": len(d),
+                              "D": t["mean"], "se": t["se"], "p": t["p"], "tost_p": tost(d, margin),
+                              "G": g, "share": t["mean"] / -g if g else float("nan"),
+                              "GM": float(np.mean(np.subtract(w_m, w_c)))})
+    for c, hp in zip(cells, holm([c["p"] for c in cells])):
+        c["holm_p"] = hp
+    out = {}
+    for s_arm in matches:
+        mine = [c for c in cells if c["arm"] == s_arm]
+        if all(c["D"] < -margin and c["holm_p"] < alpha for c in mine):
+            verdict = MATCHED_VERDICTS[0]
+        elif all(c["tost_p"] < alpha for c in mine):
+            verdict = MATCHED_VERDICTS[1]
+        elif all(c["D"] > margin and c["holm_p"] < alpha for c in mine):
+            verdict = MATCHED_VERDICTS[2]
+        else:
+            verdict = MATCHED_VERDICTS[3]
+        by_seed = {}
+        for c in mine:
+            by_seed.setdefault(c["seed"], []).append(c["D"])
+        seed_means = {s: float(np.mean(v)) for s, v in sorted(by_seed.items())}
+        signs = {np.sign(v) for v in seed_means.values()}
+        out[s_arm] = {"control": matches[s_arm]["control"], "verdict": verdict, "cells": mine,
+                      "budget_limited": all(c["GM"] >= budget_gap for c in mine),
+                      "seed_means": seed_means, "third_seed": len(signs) > 1}
+    return {"cells": cells, "arms": out, "alpha": alpha, "margin": margin}
+
