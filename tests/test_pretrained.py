@@ -768,3 +768,20 @@ def test_cached_weights_equal_the_gguf_dequantised_independently(smollm2):
         assert int(q4_steps(lin.weight)[1].max()) <= 16
     folder = loading.cached_model_dir(loading.file_sha256(loading.gguf_path()))
     assert json.loads((folder / "source.json").read_text())["sha256"] == loading.file_sha256(loading.gguf_path())
+
+
+def test_robustness_readers_on_a_constructed_file():
+    from qkmlp.book.ch09_findings import context_changes, random_set_ranks
+
+    base = {"first": [1.0, 2.0, 3.0], "last_in_context": [1.0, 1.0, 1.0], "last_fresh": [2.0, 2.0, 2.0]}
+    swap = {"first": [11.0, 12.0, 14.0], "last_in_context": [5.0, 7.0, 6.0], "last_fresh": [12.0, 12.0, 12.0]}
+    rob = {"context": {"doc": {"base": base, "kinds": {"swap": swap}}},
+           "random_sets": {"draws": 3, "base": [1.0, 1.0], "layers": {
+               "7": {"closest": [1.5, 1.5], "random_0": [1.2, 1.4], "random_1": [2.0, 2.0], "random_2": [1.4, 1.4]}}}}
+    c = context_changes(rob)["doc"]["swap"]
+    assert c["first"][0] == pytest.approx((10 + 10 + 11) / 3)
+    assert c["last_in_context"] == (pytest.approx(5.0), pytest.approx(1 / math.sqrt(3)))
+    assert c["last_fresh"] == (pytest.approx(10.0), 0.0)
+    r = random_set_ranks(rob)[7]
+    assert r["closest"] == pytest.approx(0.5) and r["random"] == pytest.approx([0.3, 1.0, 0.4])
+    assert r["rank"] == 2 and r["draws"] == 3          # two random draws cost less than the closest set

@@ -13,7 +13,9 @@ can check each computation against a hand-made results dict:
 - :func:`unit_findings`: the per-unit exchange, estimate against exact passes;
   :func:`unit_set_test`: is one set of exchanged units cheaper than another;
 - :func:`claim_by_text`, :func:`orbit_summary`, :func:`all_layer_table`, :func:`top_units`:
-  the chapter's tables, each from one call.
+  the chapter's tables, each from one call;
+- :func:`context_changes` and :func:`random_set_ranks` read the robustness file of
+  :mod:`qkmlp.pretrained.robustness` (context length; several random unit sets).
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from ..runbase.stats import holm_rejects, paired_t
 from ..pretrained.textrun import parse_key
 
 __all__ = ["texts_table", "layer_means", "layer_comparison", "orbit_points", "orbit_matched", "across_texts",
-           "unit_findings", "unit_set_test", "ranges", "claim_by_text", "orbit_summary", "all_layer_table", "top_units"]
+           "unit_findings", "unit_set_test", "ranges", "claim_by_text", "orbit_summary", "all_layer_table", "top_units",
+           "context_changes", "random_set_ranks"]
 
 
 def texts_table(results: dict) -> list[dict]:
@@ -234,3 +237,40 @@ def top_units(results: dict, n: int = 5, text: Optional[str] = None) -> list[dic
                          "n_windows": len(u["peak_positions"]), "cos": u["cos"],
                          "corr_ab_rest": u["corr_ab_rest"]})
     return sorted(rows, key=lambda u: -u["rel_peak"])[:n]
+
+
+
+WINDOW_PARTS = ("first", "last_in_context", "last_fresh")
+
+
+def context_changes(robustness: dict) -> dict:
+    """``{text: {kind: {part: (mean, se)}}}``: the loss change (nats/token) of each change made
+    in every layer (``none``, ``swap``, ``rescale:-1``) on three scorings of the long windows
+    of :func:`qkmlp.pretrained.robustness.context_costs`: the first ``short`` tokens, the
+    last ``short`` tokens after ``long - short`` tokens of context, and those last tokens as
+    a fresh window. Mean and standard error over the windows of the paired changes."""
+    out = {}
+    for text, c in robustness["context"].items():
+        out[text] = {}
+        for kind, parts in c["kinds"].items():
+            out[text][kind] = {}
+            for part in WINDOW_PARTS:
+                t = paired_t(c["base"][part], parts[part])
+                out[text][kind][part] = (t["mean"], t["se"])
+    return out
+
+
+def random_set_ranks(robustness: dict) -> dict:
+    """Per layer of the random-set check: the exchange cost (mean window loss change, nats) of
+    the closest 5 % of units, of each random 5 % draw, and ``rank``: how many random draws
+    cost less than the closest set (0: the closest set is the cheapest of all)."""
+    rs = robustness["random_sets"]
+    base = rs["base"]
+    out = {}
+    for layer, row in rs["layers"].items():
+        cost = {k: sum(a - b for a, b in zip(v, base)) / len(base) for k, v in row.items()}
+        rand = [cost[f"random_{i}"] for i in range(rs["draws"])]
+        out[int(layer)] = {"closest": cost["closest"], "random": rand,
+                           "rank": sum(r < cost["closest"] for r in rand), "draws": rs["draws"]}
+    return out
+
