@@ -595,10 +595,9 @@ def _source_tag() -> str:
 #: The version of the custom op's semantics (its arguments, outputs, forward and backward
 #: formulas): bumped when any of them changes, never for an edit that computes the same.
 FUSED_OP_VERSION = 1
-#: The custom op's name, ``qkmlp::fused_forward_v<FUSED_OP_VERSION>``: stable across edits
-#: of the source (the compile caches see the source through the op's ``tag`` argument).
-#: Only ``torch.compile`` with a gradient wanted calls it; ``torch.export`` traces the plain
-#: formula, so an exported program holds ATen ops only and loads without qkmlp.
+#: The custom op's name, ``qkmlp::fused_forward_v<FUSED_OP_VERSION>``, stable across source
+#: edits (compile caches see the source through its ``tag`` argument). Only torch.compile
+#: with a gradient wanted calls it (an exported program holds ATen ops only).
 FUSED_OP_NAME = f"qkmlp::fused_forward_v{FUSED_OP_VERSION}"
 _SOURCE_TAG = _source_tag()
 

@@ -97,6 +97,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize as _parametrize
 
+from . import _interop
 from . import functional as _fn
 from ._checks import positive_int as _positive_int
 from ._checks import real_float_dtype as _real_float_dtype
@@ -130,12 +131,7 @@ class _QKMLPBase(nn.Module):
 
     def _check_input(self, x: torch.Tensor) -> None:
         if isinstance(x, torch.fx.Proxy):
-            raise TypeError(
-                f"got a torch.fx Proxy: torch.fx.symbolic_trace cannot trace into a {type(self).__name__}'s "
-                f"methods (their input checks and fused autograd functions need real tensors); calling the "
-                f"layer, layer(x), inside a traced model records it as one call_module node (a leaf), "
-                f"or trace with torch.jit.trace / torch.export.export, which run on real tensors"
-            )
+            raise TypeError(_interop.fx_method_message(self))
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor of shape (..., {self.d_model}), got {type(x).__name__}")
         if x.is_nested and x.layout != torch.jagged:
@@ -159,24 +155,6 @@ class _QKMLPBase(nn.Module):
             )
         if x.dtype != dtype:
             _check_dtypes_meet(x.dtype, dtype, x.device.type)
-
-    def _fx_leaf(self, x) -> torch.Tensor:
-        """Under ``torch.fx.symbolic_trace`` (``x`` a Proxy): the layer as one ``call_module``
-        node, as the tracer records a leaf module; the traced graph then calls the layer on
-        real tensors. The root of a trace cannot be recorded so: TypeError naming the fix."""
-        tracer = x.tracer
-        try:
-            path = tracer.path_of_module(self)
-        except NameError:
-            path = None
-        if not path:
-            raise TypeError(
-                f"torch.fx.symbolic_trace cannot trace a bare {type(self).__name__} (its input checks and "
-                f"fused autograd functions need real tensors); trace a model that holds it (e.g. "
-                f"nn.Sequential(layer)): inside a model each qkmlp layer is recorded as one call_module node, "
-                f"a leaf module; or use torch.jit.trace / torch.export.export"
-            )
-        return tracer.create_proxy("call_module", path, (x,), {})
 
     def extra_repr(self) -> str:
         parts = [f"d_model={self.d_model}", f"d_hidden={self.d_hidden}", f"d_out={self.d_out}"]
@@ -224,7 +202,7 @@ class KeyValueMLP(_QKMLPBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, torch.fx.Proxy):
-            return self._fx_leaf(x)
+            return _interop.fx_leaf(self, x)
         return self.coefficients(x) @ self.value
 
 
@@ -254,7 +232,7 @@ class StaticQueryMLP(_QKMLPBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, torch.fx.Proxy):
-            return self._fx_leaf(x)
+            return _interop.fx_leaf(self, x)
         self._check_input(x)
         return self._act((x @ self.query) @ self.key.T) @ self.value
 
@@ -307,7 +285,7 @@ class BilinearAttentionMLP(_QKMLPBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, torch.fx.Proxy):
-            return self._fx_leaf(x)
+            return _interop.fx_leaf(self, x)
         if isinstance(x, torch.Tensor) and x.is_nested:
             self._check_input(x)
             return _on_jagged(x, self.forward)
@@ -424,7 +402,7 @@ class _RankRBase(_QKMLPBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, torch.fx.Proxy):
-            return self._fx_leaf(x)
+            return _interop.fx_leaf(self, x)
         self._check_input(x)
         if x.is_nested:
             return _on_jagged(x, self.forward)
@@ -510,35 +488,6 @@ def _need_full_weights(layer: nn.Module, what: str, cause: Optional[BaseExceptio
         ) from cause
 
 
-def _llama_keys_to_gated(layer, state_dict, prefix: str) -> None:
-    """Rewrite a Llama/Phi-3 MLP's keys under ``prefix`` in ``state_dict`` (load_state_dict's
-    own copy) as ``layer``'s: see :meth:`GatedMLP._load_from_state_dict`."""
-    k = {n: prefix + n for n in ("gate_proj.weight", "up_proj.weight", "gate_up_proj.weight", "down_proj.weight")}
-    if prefix + "query_weight" in state_dict or k["down_proj.weight"] not in state_dict:
-        return
-    if k["gate_up_proj.weight"] in state_dict:
-        fused = state_dict[k["gate_up_proj.weight"]]
-        if fused.dim() != 2 or fused.shape[0] % 2:
-            raise ValueError(f"{k['gate_up_proj.weight']} has shape {tuple(fused.shape)}; expected (2m, d): "
-                             "the gate rows, then as many up rows")
-        gate, up = fused.chunk(2, dim=0)
-        taken = ("gate_up_proj.weight", "down_proj.weight")
-    elif k["gate_proj.weight"] in state_dict and k["up_proj.weight"] in state_dict:
-        gate, up = state_dict[k["gate_proj.weight"]], state_dict[k["up_proj.weight"]]
-        taken = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
-    else:
-        return
-    if layer.rank != 1:
-        raise ValueError(f"{prefix or 'the state dict'}: a gate/up/down MLP's weights load into a rank-1 "
-                         f"GatedMLP; this one has rank {layer.rank}")
-    down = state_dict[k["down_proj.weight"]]
-    for name in taken:
-        del state_dict[k[name]]
-    state_dict[prefix + "query_weight"] = gate
-    state_dict[prefix + "key_weight"] = up
-    state_dict[prefix + "value"] = down.T.contiguous() if down.dim() == 2 else down
-
-
 def _fresh_reshape(y: torch.Tensor, shape) -> torch.Tensor:
     """y reshaped to ``shape`` as a tensor of its own, not a view (as ``nn.Linear`` returns):
     an in-place op on the output (``y += x``) then needs no view bookkeeping, which FSDP2's
@@ -610,7 +559,7 @@ class GatedMLP(_RankRBase):
         fused ``gate_up_proj.weight`` (rows 0..m−1 the gate, Phi-3) with ``down_proj.weight``
         become ``query_weight``, ``key_weight`` and ``value`` = downᵀ (rank 1; the layer keeps
         its activation). A state dict with the layer's own keys loads as usual."""
-        _llama_keys_to_gated(self, state_dict, prefix)
+        _interop.llama_keys_to_gated(self, state_dict, prefix)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @classmethod
