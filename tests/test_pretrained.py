@@ -197,7 +197,8 @@ def test_with_identity_sigma_the_symmetries_change_nothing(kind, alpha, ids):
     """σ = identity (the bilinear layer): swap, every α, symmetrising and σ(ab) are all the
     same function, as chapter 5 proves."""
     model = tiny_llama()
-    g = gated_mlps(model, activation="identity")
+    with pytest.warns(UserWarning, match="check=False"):   # another σ on purpose: the override
+        g = gated_mlps(model, activation="identity", check=False)
     with mlps_replaced(model, dict(enumerate(g))):
         ref = logits(model, ids)
         with mlps_replaced(model, {i: variant(g[i], kind, alpha) for i in range(3)}):
@@ -206,7 +207,8 @@ def test_with_identity_sigma_the_symmetries_change_nothing(kind, alpha, ids):
 
 def test_relu_keeps_positive_rescaling_but_not_the_swap(ids):
     model = tiny_llama()
-    g = gated_mlps(model, activation="relu")
+    with pytest.warns(UserWarning, match="check=False"):   # another σ on purpose: the override
+        g = gated_mlps(model, activation="relu", check=False)
     with mlps_replaced(model, dict(enumerate(g))):
         ref = logits(model, ids)
         with mlps_replaced(model, {i: variant(g[i], "rescale", 2.5) for i in range(3)}):

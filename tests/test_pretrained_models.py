@@ -127,7 +127,8 @@ def test_a_wrong_activation_is_caught_not_silently_used():
     model.config.hidden_act = "silu"          # the config no longer says what the module does
     with pytest.raises(ValueError, match="differs from the model's GemmaMLP"):
         gated_mlps(model)
-    assert len(gated_mlps(model, activation="gelu_tanh")) == 3
+    with pytest.warns(UserWarning, match="differs from the model's config.hidden_act"):
+        assert len(gated_mlps(model, activation="gelu_tanh")) == 3
 
 
 def test_mlps_that_do_not_convert_are_refused():

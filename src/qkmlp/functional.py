@@ -45,11 +45,15 @@ gradients (``autograd.grad(is_grads_batched=True)``, vectorised jacobians, ``vma
 a vjp) runs the same hand-written rule out of place.
 
 **Under torch.compile** a wanted gradient goes through the ``torch.library`` custom op
-``qkmlp::fused_forward_<tag>`` (returns y and [a; b]; runs the eager code above), whose
+``qkmlp::fused_forward_v1`` (:data:`FUSED_OP_NAME`; returns y and [a; b]; runs the eager code above), whose
 backward is written in torch ops and traced: the compiled layer saves what eager saves
 (the compiler's partitioner would otherwise choose, and keeps d + 3m), and the compiler
 fuses the backward's elementwise middle. ``create_graph=True`` through a compiled layer
 raises (AOTAutograd has no double backward). Inference (no gradient) is traced out of place.
+
+**Under torch.export** (any grad mode) the layers trace the plain formula: an exported
+program holds ATen ops only, computes bit for bit what eager computes in float32 and
+float64, and loads (``torch.export.load``) with torch alone, qkmlp not installed.
 """
 from __future__ import annotations
 
@@ -75,6 +79,7 @@ __all__ = [
     "GatedFn",
     "SymmetricFn",
     "FUSED_OP_NAME",
+    "FUSED_OP_VERSION",
 ]
 
 _aten = torch.ops.aten
@@ -524,10 +529,14 @@ def _apply(fn, kind, hidden, reference, x, query, key, value, activation):
     name = act.name
     if not _transform_free():
         return reference(x, query, key, value, ACTIVATIONS[name], m, r)
+    if _exporting():
+        # torch.export: the plain formula, so an exported program holds only ATen ops and
+        # loads with torch alone, in every grad mode (bit-equal to eager in float32/64)
+        return reference(x, query, key, value, ACTIVATIONS[name], m, r)
     if torch.compiler.is_compiling():
         if _needs_grad(x, query, key, value):
             # one opaque op: the compiler's partitioner cannot change what it saves
-            return _op_forward(x, query, key, value, kind, name, m, r)[0]
+            return _op_forward(x, query, key, value, kind, name, m, r, _SOURCE_TAG)[0]
         # inference: traced out of place (functionalising in-place ops on views would
         # write whole buffers back), so the compiler may fuse the middle itself
         return _fused_forward(hidden, x, query, key, value, name, m, r)[0]
@@ -558,11 +567,19 @@ def _apply(fn, kind, hidden, reference, x, query, key, value, activation):
 _HIDDEN = {"gated": _gated_hidden, "symmetric": _symmetric_hidden}
 
 
+def _exporting() -> bool:
+    """Whether ``torch.export`` is tracing (False where torch cannot say)."""
+    probe = getattr(torch.compiler, "is_exporting", None)
+    return bool(probe is not None and probe())
+
+
 def _source_tag() -> str:
     """8 hex digits of a hash of this module's and the activations' source. torch's
-    compile caches (AOTAutograd's, on disk) key a custom op by its name only, not by its
-    autograd formula: with a fixed name, a cached compiled backward would outlive a
-    change to :func:`_traced_backward`. The op's name carries this tag instead."""
+    compile caches (AOTAutograd's, on disk) key a custom op by its name and the graph's
+    constant arguments, not by its autograd formula: with nothing but a fixed name, a
+    cached compiled backward would outlive a change to :func:`_traced_backward`. Every
+    call of the op passes this tag as its last argument, so the cache key changes with
+    the source while the op's name stays :data:`FUSED_OP_NAME`."""
     import hashlib
     from pathlib import Path
 
@@ -575,28 +592,34 @@ def _source_tag() -> str:
     return h.hexdigest()[:8]
 
 
-#: The custom op's name, ``qkmlp::fused_forward_<tag>``: the tag is 8 hex digits of a hash
-#: of this module's and the activations' source (torch's compile caches key custom ops
-#: by name only, so a changed backward must not reuse a cached one).
-FUSED_OP_NAME = f"qkmlp::fused_forward_{_source_tag()}"
+#: The version of the custom op's semantics (its arguments, outputs, forward and backward
+#: formulas): bumped when any of them changes, never for an edit that computes the same.
+FUSED_OP_VERSION = 1
+#: The custom op's name, ``qkmlp::fused_forward_v<FUSED_OP_VERSION>``, stable across source
+#: edits (compile caches see the source through its ``tag`` argument). Only torch.compile
+#: with a gradient wanted calls it (an exported program holds ATen ops only).
+FUSED_OP_NAME = f"qkmlp::fused_forward_v{FUSED_OP_VERSION}"
+_SOURCE_TAG = _source_tag()
 
 
 @torch.library.custom_op(FUSED_OP_NAME, mutates_args=())
 def _op_forward(x: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                kind: str, name: str, m: int, r: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(y, [a; b]) of the fused ``kind`` ("gated" or "symmetric") layer: GatedFn.forward."""
+                kind: str, name: str, m: int, r: int, tag: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, [a; b]) of the fused ``kind`` ("gated" or "symmetric") layer: GatedFn.forward.
+    ``tag`` (the source hash, :func:`_source_tag`) does not enter the computation: it keys
+    torch's compile caches to the source."""
     with torch.no_grad():
         return _fused_forward(_HIDDEN[kind], x, query, key, value, name, m, r)
 
 
 @_op_forward.register_fake
-def _(x, query, key, value, kind, name, m, r):
+def _(x, query, key, value, kind, name, m, r, tag=""):
     n = x.shape[0]
     return x.new_empty(n, value.shape[1]), x.new_empty(2, n, query.shape[0])
 
 
 def _op_setup_context(ctx, inputs, output):
-    x, query, key, value, kind, name, m, r = inputs
+    x, query, key, value, kind, name, m, r, _tag = inputs
     ctx.mark_non_differentiable(output[1])
     ctx.save_for_backward(x, query, key, value, output[1])
     ctx.kind, ctx.name, ctx.m, ctx.r = kind, name, m, r
@@ -634,8 +657,8 @@ def _op_autograd(ctx, grad_y, _grad_ab):
         # create_graph=True on the op called in eager mode: [a; b] carries no graph of its
         # own, so differentiate the plain formula, as GatedFn does
         ref = gated_reference if ctx.kind == "gated" else symmetric_reference
-        return _plain_backward(ctx, ref, grad_y)[:4] + (None,) * 4
-    return (*_traced_backward(ctx, grad_y), None, None, None, None)
+        return _plain_backward(ctx, ref, grad_y)[:4] + (None,) * 5
+    return (*_traced_backward(ctx, grad_y), None, None, None, None, None)
 
 
 _op_forward.register_autograd(_op_autograd, setup_context=_op_setup_context)

@@ -40,10 +40,16 @@ wanted run that op sequence. ``torch.compile`` of inference (no gradient) lets t
 compiler fuse σ and the product into one kernel that computes in float32 and rounds
 once, as it does for a compiled Llama MLP (bit-equal to it, and so a rounding away from
 eager: 0.33 % relative in the bfloat16 case of tests/test_compile.py).
-``torch.jit.trace`` records the plain formula (the same values in every grad mode);
-``torch.jit.script`` is not supported: the layers call Python objects TorchScript cannot
-compile (the activation registry, the ``autograd.Function`` classes, the checks that build
-their error messages); trace, or use ``torch.compile``.
+``torch.jit.trace`` records the plain formula (the same values in every grad mode), with
+the input's sizes read at run time: the trace holds for every input with the traced
+number of dimensions. ``torch.export.export`` records the plain formula too, in every grad
+mode: the exported program holds ATen ops only and loads with torch alone
+(:mod:`qkmlp.functional`). ``torch.fx.symbolic_trace`` of a model records each layer as one
+``call_module`` node (a leaf module: the graph calls the layer on real tensors); a bare
+layer as the root of the trace, or a layer's method called on a Proxy, raises
+``TypeError`` naming that. ``torch.jit.script`` is not supported: the layers call Python
+objects TorchScript cannot compile (the activation registry, the ``autograd.Function``
+classes, the checks that build their error messages); trace, or use ``torch.compile``.
 
 Rules every layer follows:
 
@@ -58,7 +64,12 @@ Rules every layer follows:
   layer of another dtype raises (``TypeError``), as ``nn.Linear`` does.
 - **Views of the weights** (rank-r layers). ``layer.query`` and ``layer.key`` are views:
   read them, write into them in place (``copy_``, ``nn.init.*_``, ``layer.query[0] = ...``)
-  or assign ``layer.query = t`` (copies t in). An in-place write into a view needs
+  or assign ``layer.query = t`` (copies t in; under a parametrization of ``query_weight``,
+  ``weight_norm``, ``spectral_norm``, ``orthogonal`` or one of ``torch.nn.utils.parametrize``,
+  it assigns ``query_weight = t`` flattened, which runs the parametrization's
+  ``right_inverse`` exactly as ``nn.Linear``'s ``lin.weight = t`` does, and raises where
+  that raises; an in-place write into the view of a parametrized weight changes a computed
+  copy only, as it does for ``nn.Linear``). An in-place write into a view needs
   ``torch.no_grad()``, as ``nn.Linear(...).weight[0] = ...`` does (autograd refuses to
   modify a leaf that requires grad in place); ``nn.init.*_`` and ``layer.query = t`` do
   that themselves. Everything that concerns the parameter
@@ -67,6 +78,10 @@ Rules every layer follows:
   view is not a leaf), and replacing storage is ``layer.query_weight = nn.Parameter(...)``
   or ``layer.query_weight.data = ...`` (``layer.query.data = ...`` would only rebind the
   temporary view: it changes nothing).
+- **State dicts.** A :class:`GatedMLP` loads its own keys and also a gate/up/down MLP's
+  (``gate_proj.weight``, ``up_proj.weight``, ``down_proj.weight``, or Phi-3's fused
+  ``gate_up_proj.weight``; rank 1), so a Hugging Face checkpoint loads strictly into a
+  model whose MLPs were converted.
 - **Sharded weights.** After FSDP2's ``fully_shard`` the forward pass works as usual;
   what needs the full weights (``to_linear``, ``to_dense``, ``absorbed``, a view of an
   unevenly sharded weight) raises ``RuntimeError`` naming the fix: ``.unshard()`` the
@@ -80,7 +95,9 @@ from typing import Optional
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize as _parametrize
 
+from . import _interop
 from . import functional as _fn
 from ._checks import positive_int as _positive_int
 from ._checks import real_float_dtype as _real_float_dtype
@@ -113,6 +130,8 @@ class _QKMLPBase(nn.Module):
         return w.dtype, w.device
 
     def _check_input(self, x: torch.Tensor) -> None:
+        if isinstance(x, torch.fx.Proxy):
+            raise TypeError(_interop.fx_method_message(self))
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"expected a torch.Tensor of shape (..., {self.d_model}), got {type(x).__name__}")
         if x.is_nested and x.layout != torch.jagged:
@@ -182,6 +201,8 @@ class KeyValueMLP(_QKMLPBase):
         return self._act(x @ self.key.T)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, torch.fx.Proxy):
+            return _interop.fx_leaf(self, x)
         return self.coefficients(x) @ self.value
 
 
@@ -210,6 +231,8 @@ class StaticQueryMLP(_QKMLPBase):
         self._init_value()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, torch.fx.Proxy):
+            return _interop.fx_leaf(self, x)
         self._check_input(x)
         return self._act((x @ self.query) @ self.key.T) @ self.value
 
@@ -261,6 +284,8 @@ class BilinearAttentionMLP(_QKMLPBase):
         return s.reshape(*lead, self.d_hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, torch.fx.Proxy):
+            return _interop.fx_leaf(self, x)
         if isinstance(x, torch.Tensor) and x.is_nested:
             self._check_input(x)
             return _on_jagged(x, self.forward)
@@ -345,6 +370,13 @@ class _RankRBase(_QKMLPBase):
         if (t.dtype, t.device) != (target.dtype, target.device):
             raise TypeError(f"layer.{name} is {target.dtype} on {target.device}, got {t.dtype} on {t.device}; "
                             f"convert first (nothing is cast silently)")
+        if _parametrize.is_parametrized(self, name + "_weight"):
+            # Under torch.nn.utils.parametrize (weight_norm, spectral_norm, orthogonal, a custom
+            # one) the view is a view of a freshly computed tensor: a copy into it would be
+            # lost. Assign the parameter instead, which runs right_inverse as nn.Linear's
+            # ``lin.weight = t`` does under the same parametrization.
+            setattr(self, name + "_weight", t.reshape(self.d_hidden * self.rank, self.d_model))
+            return
         target.copy_(t)
 
     def reset_parameters(self) -> None:
@@ -369,6 +401,8 @@ class _RankRBase(_QKMLPBase):
         return torch.einsum("jsd,jse->jde", self.query, self.key)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, torch.fx.Proxy):
+            return _interop.fx_leaf(self, x)
         self._check_input(x)
         if x.is_nested:
             return _on_jagged(x, self.forward)
@@ -384,6 +418,7 @@ class _RankRBase(_QKMLPBase):
         if self.fused and type(self)._fused_fn is not None and _fn.supports_fused(self.activation):
             y = type(self)._fused_fn(x2, q, k, v, self.activation.name)
         else:
+            _fn._check_args(x2, q, k, v)    # mixed weights: the library's TypeError, as the fused path
             y = type(self)._reference_fn(x2, q, k, v, self.activation, self.d_hidden, self.rank)
         return _fresh_reshape(y, (*lead, self.d_out))
 
@@ -456,8 +491,17 @@ def _need_full_weights(layer: nn.Module, what: str, cause: Optional[BaseExceptio
 def _fresh_reshape(y: torch.Tensor, shape) -> torch.Tensor:
     """y reshaped to ``shape`` as a tensor of its own, not a view (as ``nn.Linear`` returns):
     an in-place op on the output (``y += x``) then needs no view bookkeeping, which FSDP2's
-    hooks cannot follow. ``aten._unsafe_view`` is what ``torch.matmul`` itself returns."""
-    return y if y.shape == shape else torch.ops.aten._unsafe_view(y, shape)
+    hooks cannot follow. ``aten._unsafe_view`` is what ``torch.matmul`` itself returns.
+
+    Under ``torch.jit.trace`` the sizes in ``shape`` are traced values, but a call through
+    ``torch.ops`` records them as constants: the trace would then reshape every later
+    input to the traced shape (or fail). There the reshape is ``Tensor.reshape``, which
+    records the sizes as read from the input, followed by a copy (a tensor of its own)."""
+    if y.shape == shape:
+        return y
+    if torch.jit.is_tracing():
+        return y.reshape(shape).clone()
+    return torch.ops.aten._unsafe_view(y, shape)
 
 
 class SymmetricBilinearMLP(_RankRBase):
@@ -507,6 +551,16 @@ class GatedMLP(_RankRBase):
 
     _fused_fn = staticmethod(_fn.gated)
     _reference_fn = staticmethod(_fn.gated_reference)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        """``load_state_dict`` also takes the MLP's own keys (Hugging Face's), so a checkpoint of
+        the unconverted model loads strictly into a model whose MLPs were converted: separate
+        ``gate_proj.weight``, ``up_proj.weight``, ``down_proj.weight`` (Llama, Gemma, ...) or a
+        fused ``gate_up_proj.weight`` (rows 0..m−1 the gate, Phi-3) with ``down_proj.weight``
+        become ``query_weight``, ``key_weight`` and ``value`` = downᵀ (rank 1; the layer keeps
+        its activation). A state dict with the layer's own keys loads as usual."""
+        _interop.llama_keys_to_gated(self, state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @classmethod
     @torch.no_grad()
@@ -571,6 +625,14 @@ class GatedMLP(_RankRBase):
         """
         parts = {n: getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")}
         missing = [n for n, lin in parts.items() if not isinstance(lin, nn.Linear)]
+        if missing and isinstance(getattr(mlp, "gate_up_proj", None), nn.Linear):
+            raise TypeError(
+                f"this {type(mlp).__name__} fuses gate and up into one gate_up_proj (Phi-3's layout); "
+                f"from_mlp reads separate gate_proj, up_proj, down_proj. qkmlp.pretrained.surgery reads the "
+                f"fused layout: use_gated_mlps(model) / gated_mlps(model) convert a whole model, and "
+                f"gate, up, down = qkmlp.pretrained.mlp_weights(mlp) split one module (rows 0..m-1 the gate), "
+                f"then GatedMLP.from_linear on nn.Linear layers holding them, with activation="
+            )
         if missing:
             raise TypeError(f"expected an MLP module with nn.Linear gate_proj, up_proj and down_proj; "
                             f"this {type(mlp).__name__} has no nn.Linear {', '.join(missing)}")

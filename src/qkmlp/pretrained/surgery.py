@@ -38,6 +38,7 @@ the layer (q, c·k, v/c), a different function. :func:`gauge_balanced` fixes the
 """
 from __future__ import annotations
 
+import warnings
 from contextlib import contextmanager
 from typing import Mapping, Optional
 
@@ -139,17 +140,65 @@ def _check_conversion(mlp: nn.Module, g: GatedMLP, index: int) -> None:
                          "or the weight layout does not match the module")
 
 
+def _checked_activation(model, activation, check: bool) -> str:
+    """The activation name to convert with: ``model.config.hidden_act``, or ``activation``
+    when given. A given activation that differs from a declared ``config.hidden_act`` is
+    warned about: with ``check`` the comparison with the module's own output then decides
+    (and raises if the module does not compute it); ``check=False`` is the explicit
+    override (a deliberate other σ on the model's weights, as the book's experiments use)."""
+    if activation is None:
+        return _hidden_act(model)
+    act = get_activation(activation).name
+    declared = getattr(getattr(model, "config", None), "hidden_act", None)
+    try:
+        declared_name = get_activation(declared).name if isinstance(declared, str) else None
+    except ValueError:                      # a name qkmlp does not know: nothing to compare
+        declared_name = None
+    if declared_name is not None and declared_name != act:
+        if not check:
+            warnings.warn(
+                f"activation={activation!r} ({act}) differs from the model's config.hidden_act = "
+                f"{declared!r} ({declared_name}) and check=False: the converted layers compute {act} on "
+                f"the model's weights, not the model's MLPs (drop activation= to convert the model as "
+                f"it is)", UserWarning, stacklevel=3)
+            return act
+        warnings.warn(
+            f"activation={activation!r} ({act}) differs from the model's config.hidden_act = {declared!r} "
+            f"({declared_name}); each converted layer is compared with the model's own MLP, which "
+            f"raises if the module does not compute {act}", UserWarning, stacklevel=3)
+    return act
+
+
+def _source_params(mlp: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The parameters behind (gate, up, down) of :func:`mlp_weights`: the fused
+    ``gate_up_proj.weight`` twice for Phi-3's layout (its requires_grad is the one to keep)."""
+    if _linear(mlp, "gate_proj") is not None and _linear(mlp, "up_proj") is not None:
+        gate, up = mlp.gate_proj.weight, mlp.up_proj.weight
+    else:
+        gate = up = mlp.gate_up_proj.weight
+    return gate, up, mlp.down_proj.weight
+
+
 def gated_mlps(model, *, activation: Optional[str] = None, check: bool = True) -> list[GatedMLP]:
     """One :class:`~qkmlp.GatedMLP` per decoder layer, converted from its MLP (either
     layout of :func:`mlp_weights`; copies, the model is not changed).
 
     ``activation`` defaults to ``model.config.hidden_act`` (``silu`` for SmolLM2). With
     ``check`` (default) each converted layer is compared with the model's own MLP on four
-    random inputs, and a mismatch (a wrong activation, an unknown layout) raises
-    ``ValueError``: a conversion is never silently wrong. A layer whose MLP is not a gated
-    MLP raises ``TypeError``.
+    random inputs, whether ``activation`` was given or read from the config, and a
+    mismatch (a wrong activation, an unknown layout) raises ``ValueError``: a conversion is
+    never silently wrong. A given ``activation`` that differs from ``config.hidden_act``
+    warns (``UserWarning``) and is then compared like any other; ``check=False`` with such
+    an activation is the explicit override that builds layers computing another σ on the
+    model's weights on purpose (warned about, not compared). A layer whose MLP is not a
+    gated MLP raises ``TypeError``.
+
+    Each layer keeps what its module had: ``query_weight``, ``key_weight`` and ``value``
+    require grad as the module's gate, up and down weights do (both halves of a fused
+    ``gate_up_proj`` as it does), and the layer is in training mode when the module was.
+    A frozen model (``requires_grad_(False)``) gives frozen layers.
     """
-    act = activation if activation is not None else _hidden_act(model)
+    act = _checked_activation(model, activation, check)
     out = []
     for i, layer in enumerate(decoder_layers(model)):
         try:
@@ -159,8 +208,10 @@ def gated_mlps(model, *, activation: Optional[str] = None, check: bool = True) -
         lin = [nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta") for w in (gate, up, down)]
         for li, w in zip(lin, (gate, up, down)):
             li.weight = nn.Parameter(w.detach(), requires_grad=False)
-        g = GatedMLP.from_linear(*lin, activation=act).eval().requires_grad_(False)
-        if check and activation is None:
+        g = GatedMLP.from_linear(*lin, activation=act).train(layer.mlp.training)
+        for p, src in zip((g.query_weight, g.key_weight, g.value), _source_params(layer.mlp)):
+            p.requires_grad_(src.requires_grad)
+        if check:
             _check_conversion(layer.mlp, g, i)
         out.append(g)
     return out
@@ -195,9 +246,18 @@ def mlps_replaced(model, mlps: Mapping[int, nn.Module]):
 
 
 def use_gated_mlps(model, *, activation: Optional[str] = None) -> dict[int, nn.Module]:
-    """Replace every MLP of ``model`` by its :class:`~qkmlp.GatedMLP`, in place.
+    """Replace every MLP of ``model`` by its :class:`~qkmlp.GatedMLP`, in place
+    (:func:`gated_mlps`: checked against each module; each new layer keeps its module's
+    ``requires_grad`` and training mode, so a trainable model stays trainable).
 
     Returns the original MLPs (``replace_mlps(model, returned)`` restores the model).
+
+    The converted model's state dict names the MLP weights ``mlp.query_weight``,
+    ``mlp.key_weight`` and ``mlp.value``; :class:`~qkmlp.GatedMLP` also loads the original
+    architecture's keys (``gate_proj``/``up_proj``/``down_proj`` or Phi-3's fused
+    ``gate_up_proj``), so ``model.load_state_dict(hf_model.state_dict())`` works strictly on
+    a converted model. Hugging Face's ``from_pretrained`` builds the original architecture:
+    load first, then convert.
     """
     return replace_mlps(model, dict(enumerate(gated_mlps(model, activation=activation))))
 

@@ -1,0 +1,63 @@
+"""Where the layers meet torch's other tools: ``torch.fx`` tracing and state dicts of
+Hugging Face MLPs (private helpers of :mod:`qkmlp.layers`)."""
+from __future__ import annotations
+
+import torch
+
+
+def fx_method_message(layer) -> str:
+    """The TypeError message for a layer's method called on an ``torch.fx`` Proxy."""
+    return (
+        f"got a torch.fx Proxy: torch.fx.symbolic_trace cannot trace into a {type(layer).__name__}'s "
+        f"methods (their input checks and fused autograd functions need real tensors); calling the "
+        f"layer, layer(x), inside a traced model records it as one call_module node (a leaf), "
+        f"or trace with torch.jit.trace / torch.export.export, which run on real tensors"
+    )
+
+
+def fx_leaf(layer, x) -> torch.Tensor:
+    """Under ``torch.fx.symbolic_trace`` (``x`` a Proxy): ``layer`` as one ``call_module``
+    node, as the tracer records a leaf module; the traced graph then calls the layer on
+    real tensors. The root of a trace cannot be recorded so: TypeError naming the fix."""
+    tracer = x.tracer
+    try:
+        path = tracer.path_of_module(layer)
+    except NameError:
+        path = None
+    if not path:
+        raise TypeError(
+            f"torch.fx.symbolic_trace cannot trace a bare {type(layer).__name__} (its input checks and "
+            f"fused autograd functions need real tensors); trace a model that holds it (e.g. "
+            f"nn.Sequential(layer)): inside a model each qkmlp layer is recorded as one call_module node, "
+            f"a leaf module; or use torch.jit.trace / torch.export.export"
+        )
+    return tracer.create_proxy("call_module", path, (x,), {})
+
+
+def llama_keys_to_gated(layer, state_dict, prefix: str) -> None:
+    """Rewrite a Llama/Phi-3 MLP's keys under ``prefix`` in ``state_dict`` (load_state_dict's
+    own copy) as ``layer``'s (a rank-1 GatedMLP's ``load_state_dict`` calls this)."""
+    k = {n: prefix + n for n in ("gate_proj.weight", "up_proj.weight", "gate_up_proj.weight", "down_proj.weight")}
+    if prefix + "query_weight" in state_dict or k["down_proj.weight"] not in state_dict:
+        return
+    if k["gate_up_proj.weight"] in state_dict:
+        fused = state_dict[k["gate_up_proj.weight"]]
+        if fused.dim() != 2 or fused.shape[0] % 2:
+            raise ValueError(f"{k['gate_up_proj.weight']} has shape {tuple(fused.shape)}; expected (2m, d): "
+                             "the gate rows, then as many up rows")
+        gate, up = fused.chunk(2, dim=0)
+        taken = ("gate_up_proj.weight", "down_proj.weight")
+    elif k["gate_proj.weight"] in state_dict and k["up_proj.weight"] in state_dict:
+        gate, up = state_dict[k["gate_proj.weight"]], state_dict[k["up_proj.weight"]]
+        taken = ("gate_proj.weight", "up_proj.weight", "down_proj.weight")
+    else:
+        return
+    if layer.rank != 1:
+        raise ValueError(f"{prefix or 'the state dict'}: a gate/up/down MLP's weights load into a rank-1 "
+                         f"GatedMLP; this one has rank {layer.rank}")
+    down = state_dict[k["down_proj.weight"]]
+    for name in taken:
+        del state_dict[k[name]]
+    state_dict[prefix + "query_weight"] = gate
+    state_dict[prefix + "key_weight"] = up
+    state_dict[prefix + "value"] = down.T.contiguous() if down.dim() == 2 else down
