@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from qkmlp import get_activation
-from qkmlp.book.ch07_symmetry_group import asymptotes, cone_points, cones_separated
+from qkmlp.book.ch07_symmetry_group import (asymptotes, cone_points, cones_separated, orr_component,
+                                             split_form)
 
 F64 = torch.float64
 
@@ -72,3 +73,37 @@ def test_asymptotes_of_relu_are_exact_and_bad_input_is_refused():
         asymptotes(torch.tanh, far=float("inf"))
     with pytest.raises(TypeError, match="callable"):
         asymptotes(3.0)
+
+
+def test_orr_component_of_o11_against_its_four_known_components():
+    # O(1, 1) = ±diag(a, 1/a) and ±[[0, a], [1/a, 0]], a > 0 (chapter 7, exercise 2); in the
+    # basis (e1 ± e2)/√2 the exchange acts as +1 on e+ and −1 on e−, −I as −1 on both.
+    a = 2.5
+    d = torch.tensor([[a, 0.0], [0.0, 1 / a]], dtype=torch.float64)
+    x = torch.tensor([[0.0, a], [1 / a, 0.0]], dtype=torch.float64)
+    assert orr_component(d) == (1, 1) and orr_component(-d) == (-1, -1)
+    assert orr_component(x) == (1, -1) and orr_component(-x) == (-1, 1)
+
+
+@pytest.mark.parametrize("r", [1, 2, 3, 4])
+def test_the_exchange_and_a_single_pair_exchange(r):
+    J = split_form(r)
+    assert torch.equal(J, J.T) and torch.equal(J @ J, torch.eye(2 * r, dtype=torch.float64))
+    pair = torch.eye(2 * r, dtype=torch.float64)
+    pair[[0, r]] = pair[[r, 0]]
+    assert orr_component(pair) == (1, -1)
+    assert orr_component(J) == (1, (-1) ** r)        # det J = (−1)^r
+    assert torch.linalg.det(J).round().item() == (-1) ** r
+    # the gauge diag(G, G^-T) with det G < 0 sits in (−, −)
+    G = torch.diag(torch.tensor([-2.0] + [1.0] * (r - 1), dtype=torch.float64))
+    gauge = torch.block_diag(G, torch.linalg.inv(G).T)
+    assert orr_component(gauge) == (-1, -1)
+
+
+def test_orr_component_rejects_matrices_outside_o_rr():
+    with pytest.raises(ValueError, match="not in O"):
+        orr_component(torch.eye(4, dtype=torch.float64) * 2)
+    with pytest.raises(ValueError, match="2r"):
+        orr_component(torch.eye(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="positive integer"):
+        split_form(0)

@@ -157,7 +157,84 @@ def test_dead_relu_slot_is_a_boundary_case():
     with torch.no_grad():
         layer.interaction[0] = -torch.eye(d)
     extra = (d * d + d_out) - (d * (d - 1) // 2 + 1)
-    assert symmetry_dimension(layer) == predicted_symmetry_dimension(layer) + extra
+    generic = predicted_symmetry_dimension(layer, check_weights=False)
+    assert generic == m * d * (d - 1) // 2 + m                    # the theorem's count
+    assert symmetry_dimension(layer) == generic + extra
+    # outside (G) the prediction refuses instead of returning the generic count
+    with pytest.raises(ValueError, match=r"not indefinite for slot\(s\) \[0\]"):
+        predicted_symmetry_dimension(layer)
+
+
+def _definite_slots(layer):
+    A = (layer.interaction if hasattr(layer, "interaction") else layer.interactions()).detach().double()
+    ev = torch.linalg.eigvalsh((A + A.transpose(1, 2)) / 2)
+    return [j for j in range(ev.shape[0]) if ev[j, 0] > 0 or ev[j, -1] < 0]
+
+
+def test_definite_s_j_at_library_init_raises_and_the_count_differs():
+    # issue 46 item 2: under the library's own initialisation a definite S_j is common at
+    # d = 2; there the dense ReLU count is not the theorem's m·d(d−1)/2 + m = 8.
+    torch.manual_seed(0)
+    layer = BilinearAttentionMLP(2, 4, 3, activation="relu")
+    assert _definite_slots(layer)                                  # this draw has one
+    assert predicted_symmetry_dimension(layer, check_weights=False) == 4 * 1 + 4
+    assert symmetry_dimension(layer) == 13
+    with pytest.raises(ValueError, match="indefinite"):
+        predicted_symmetry_dimension(layer)
+    # symmetric layer at r >= d: the same hypothesis is checked; at r < d it is automatic
+    for seed in range(50):
+        torch.manual_seed(seed)
+        sym = SymmetricBilinearMLP(2, 2, 2, rank=2, activation="relu")
+        if _definite_slots(sym):
+            break
+    else:
+        pytest.fail("no definite S_j in 50 draws at d = r = 2")
+    with pytest.raises(ValueError, match="indefinite"):
+        predicted_symmetry_dimension(sym)
+    assert predicted_symmetry_dimension(_layer(SymmetricBilinearMLP, "relu", 5, 3, 2, rank=2)) > 0
+    # on the meta device the weights cannot be checked: refuse unless told to skip
+    meta = BilinearAttentionMLP(3, 2, 2, activation="relu", device="meta")
+    with pytest.raises(ValueError, match="meta"):
+        predicted_symmetry_dimension(meta)
+    assert predicted_symmetry_dimension(meta, check_weights=False) == 2 * 3 + 2
+
+
+def _callable(fn):
+    from qkmlp import get_activation
+    return get_activation(fn)
+
+
+def test_activations_outside_the_classes_give_other_counts_and_the_prediction_refuses():
+    # issue 46 item 1: the counts need σ in one of the three classes of chapter 7.
+    zlogz = _callable(lambda z: z * torch.log(z.abs().clamp_min(1e-300)))
+    poly = _callable(lambda z: z + z * z)
+    relu2z = _callable(lambda z: torch.relu(z) ** 2 + z)
+    # z·log|z|: c zσ' + νσ = z for c = 1, ν = −1, so a key-value slot keeps one direction
+    z = torch.linspace(-3, 3, 61, dtype=torch.float64)[torch.arange(61) != 30]
+    assert torch.allclose(z * (torch.log(z.abs()) + 1) - z * torch.log(z.abs()), z)
+    torch.manual_seed(0)
+    assert symmetry_dimension(KeyValueMLP(2, 3, 1, activation=zlogz)) == 1       # theorem for SiLU: 0
+    torch.manual_seed(0)
+    assert symmetry_dimension(KeyValueMLP(2, 3, 1, activation="silu")) == 0
+    torch.manual_seed(0)
+    assert symmetry_dimension(KeyValueMLP(3, 8, 2, activation=poly)) == 22
+    torch.manual_seed(0)
+    assert symmetry_dimension(GatedMLP(2, 3, 1, activation=poly)) == 8          # m = 3 otherwise
+    torch.manual_seed(2)
+    dense = BilinearAttentionMLP(2, 4, 1, activation=relu2z)
+    assert not _definite_slots(dense)                                           # every S_j indefinite
+    assert symmetry_dimension(dense) == 5                                       # m·d(d−1)/2 = 4 otherwise
+    for act in (zlogz, poly, relu2z):
+        for layer in (KeyValueMLP(2, 3, 1, activation=act), GatedMLP(2, 3, 1, activation=act),
+                      BilinearAttentionMLP(2, 4, 1, activation=act)):
+            with pytest.raises(ValueError, match="named activations"):
+                predicted_symmetry_dimension(layer)
+    # a callable declared linear is linear: its count is proven
+    from qkmlp import get_activation
+    lin = get_activation(lambda z: 2 * z, is_linear=True)
+    torch.manual_seed(0)
+    kv = KeyValueMLP(4, 2, 3, activation=lin)
+    assert predicted_symmetry_dimension(kv) == 4 == symmetry_dimension(kv)
 
 
 def test_bad_input():
@@ -269,7 +346,9 @@ def test_definite_slots_break_the_homogeneous_count_when_rank_ge_d():
         layer.key.copy_(layer.query)
         S = layer.query.transpose(-1, -2) @ layer.key
     assert torch.linalg.eigvalsh(S + S.transpose(-1, -2)).min() > 0
-    assert symmetry_dimension(layer) == predicted_symmetry_dimension(layer) + 2 * 2 - 2
+    assert symmetry_dimension(layer) == predicted_symmetry_dimension(layer, check_weights=False) + 2 * 2 - 2
+    with pytest.raises(ValueError, match="indefinite"):
+        predicted_symmetry_dimension(layer)
 
 
 def test_dimension_formulas_reject_bad_sizes():

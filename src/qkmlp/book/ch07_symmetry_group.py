@@ -5,6 +5,8 @@ and activations, checked at given weights.
   {x : x S_j xᵀ = 0} where S_j's form has a non-zero gradient and every other form is
   non-zero; :func:`cones_separated` says whether one was found for every j. This is
   condition (G) of the theorem "Quadratic terms cannot cancel".
+- :func:`split_form`, :func:`orr_component`: the split form 𝒥 = [[0, I], [I, 0]] and
+  which of the four connected components of O(r, r) an element lies in.
 - :func:`asymptotes`: the affine asymptotes ℓ± of an activation, which the same
   theorem's condition (A1) is about, measured far out, so that the notebook can compare
   them with the values the text states.
@@ -17,7 +19,7 @@ import torch
 
 from .._checks import positive_int, tolerance
 
-__all__ = ["cone_points", "cones_separated", "asymptotes"]
+__all__ = ["cone_points", "cones_separated", "asymptotes", "split_form", "orr_component"]
 
 
 def _check_forms(S) -> torch.Tensor:
@@ -104,3 +106,32 @@ def asymptotes(activation, *, far: float = 30.0) -> dict:
     b = torch.where(z > 0, b_plus, b_minus)
     residual = max((s - (a * z + b)).abs().max().item(), (ds - a).abs().max().item())
     return {"a": (a_plus, a_minus), "b": (b_plus, b_minus), "residual": residual}
+
+
+def split_form(r: int, *, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """𝒥 = [[0, I_r], [I_r, 0]] (2r × 2r): the form of chapter 7's O(r, r)."""
+    positive_int(r, "r")
+    J = torch.zeros(2 * r, 2 * r, dtype=dtype)
+    J[:r, r:] = J[r:, :r] = torch.eye(r, dtype=dtype)
+    return J
+
+
+def orr_component(g: torch.Tensor, *, atol: float = 1e-9) -> tuple[int, int]:
+    """The component of O(r, r) (for 𝒥 = :func:`split_form`) that g lies in: the signs of
+    det of g's diagonal blocks in the basis (e_i ± e_{r+i})/√2 of 𝒥's +1 and −1
+    eigenvectors, (+, +) for the identity component SO⁺(r, r). Raises ``ValueError``
+    unless g is a 2r × 2r real matrix with gᵀ𝒥g = 𝒥 (to ``atol`` relative to ‖g‖²)."""
+    if not isinstance(g, torch.Tensor) or not g.is_floating_point() or g.dim() != 2 \
+            or g.shape[0] != g.shape[1] or g.shape[0] % 2:
+        raise ValueError(f"g must be a real 2r × 2r matrix, got {getattr(g, 'shape', type(g).__name__)}")
+    g = g.detach().to(torch.float64).cpu()
+    r = g.shape[0] // 2
+    J = split_form(r)
+    err = (g.T @ J @ g - J).abs().max().item()
+    if not err <= atol * max(1.0, g.abs().max().item() ** 2):
+        raise ValueError(f"g is not in O(r, r): |gᵀ𝒥g − 𝒥| = {err:.1e}")
+    eye = torch.eye(r, dtype=torch.float64)
+    U = torch.cat([torch.cat([eye, eye], 1), torch.cat([eye, -eye], 1)]) / math.sqrt(2)
+    h = U.T @ g @ U                                   # Uᵀ𝒥U = diag(I, −I)
+    return (1 if torch.linalg.det(h[:r, :r]) > 0 else -1,
+            1 if torch.linalg.det(h[r:, r:]) > 0 else -1)

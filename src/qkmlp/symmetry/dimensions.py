@@ -8,9 +8,16 @@ Jacobian J = ∂f(x_n; θ)/∂θ stacked over many inputs x_n, so
 
 :func:`measure_symmetry` computes this in float64 from the singular values of J (with the
 tolerance and the gap around it reported); :func:`predicted_symmetry_dimension` gives the
-same number from theory (chapter "The full symmetry group"), as a sum of named
-contributions in :func:`symmetry_breakdown`. The predictions hold for *generic* weights
-in the regimes listed in :func:`symmetry_breakdown`; outside them it raises.
+same number from theory (chapter "The continuous symmetry group of every layer"), as a
+sum of named contributions in :func:`symmetry_breakdown`. The predictions are theorems
+for *generic* weights, for the library's named activations (and declared-linear σ), and,
+for the dense layer and the symmetric layer at rank ≥ d_model with a non-linear σ, only
+when every S_j = sym(A_j) is indefinite. Outside these hypotheses
+:func:`symmetry_breakdown` raises ``ValueError`` (an activation passed as a plain
+callable; a definite or semidefinite S_j, e.g. a dead or linear ReLU slot; a linear
+regime without a derived closed form) instead of returning a number the theorems do not
+cover. ``check_weights=False`` skips the weight check (sizes only, e.g. on the meta
+device), and the caller then asserts that hypothesis.
 
 It imports neither :mod:`~qkmlp.symmetry.transforms` nor :mod:`~qkmlp.symmetry.group`.
 """
@@ -196,15 +203,58 @@ def _linear_mixing(n_slots: int, space: int, d_out: int) -> int:
 
 
 def _kind(act) -> str:
+    from ..activations import ACTIVATIONS
+
     if act.is_linear:
         return "linear"
+    if ACTIVATIONS.get(act.name) is not act:
+        raise ValueError(
+            f"the symmetry counts are theorems only for the library's named activations "
+            f"({', '.join(ACTIVATIONS)}) and for linear σ; {act.name!r} is a plain callable, whose "
+            "class (homogeneous non-polynomial or strictly non-homogeneous, chapter 7) is not "
+            "known. Outside those classes the counts differ: σ(z) = z·log|z| or z + z² give "
+            "KeyValueMLP more symmetry directions. Measure it with symmetry_dimension instead."
+        )
     if act.homogeneity_degree is not None:
         return "homogeneous"
     return "generic"
 
 
-def symmetry_breakdown(layer: nn.Module) -> dict[str, int]:
+def _require_indefinite(layer: nn.Module) -> None:
+    """Hypothesis (G)'s first half: every S_j = sym(A_j) has eigenvalues of both signs."""
+    if isinstance(layer, BilinearAttentionMLP):
+        A = layer.interaction.detach()
+    else:
+        A = layer.interactions().detach()
+    if A.device.type == "meta":
+        raise ValueError(
+            "cannot check that every S_j is indefinite on the meta device (no values); "
+            "pass check_weights=False to get the count under that hypothesis"
+        )
+    A = A.to(device="cpu", dtype=torch.float64)
+    ev = torch.linalg.eigvalsh((A + A.transpose(-1, -2)) / 2)       # (m, d), ascending
+    tol = 1e-10 * ev.abs().amax(dim=-1).clamp_min(1e-300)
+    bad = [j for j in range(ev.shape[0]) if not (ev[j, 0] < -tol[j] and ev[j, -1] > tol[j])]
+    if bad:
+        raise ValueError(
+            f"{type(layer).__name__}: S_j = sym(A_j) is not indefinite for slot(s) {bad[:10]}; "
+            "the count is proven only when every S_j is indefinite (a definite S_j makes a ReLU "
+            "slot dead or linear and the count larger). Measure it with symmetry_dimension, or "
+            "pass check_weights=False for the count at generic weights with indefinite S_j."
+        )
+
+
+def symmetry_breakdown(layer: nn.Module, *, check_weights: bool = True) -> dict[str, int]:
     """Predicted continuous symmetry directions, as named contributions (generic weights).
+
+    Raises ``ValueError`` outside the hypotheses of the theorems: an activation that is a
+    plain callable (not one of the named ones, not declared linear); for
+    ``BilinearAttentionMLP``, and ``SymmetricBilinearMLP`` with rank ≥ d_model, with a
+    non-linear σ, an S_j that is not indefinite (checked at the layer's weights unless
+    ``check_weights=False``; on the meta device it must be False); a linear regime
+    without a closed form. The other genericity conditions (pairwise independent keys,
+    non-zero values, no coinciding cones) are not checked: they fail only on a set of
+    measure zero.
 
     With m = d_hidden, d = d_model, r = rank, D = d(d+1)/2, ρ(a, b, k) = min(k, a, b):
 
@@ -239,6 +289,12 @@ def symmetry_breakdown(layer: nn.Module) -> dict[str, int]:
     kind = _kind(act)
     m, d, do = layer.d_hidden, layer.d_model, layer.d_out
     out: dict[str, int] = {}
+    needs_g = kind != "linear" and (
+        isinstance(layer, BilinearAttentionMLP)
+        or (isinstance(layer, SymmetricBilinearMLP) and layer.rank >= d)
+    )
+    if needs_g and check_weights:
+        _require_indefinite(layer)
 
     def kv_part(prefix: str = "") -> None:
         if kind == "linear":
@@ -286,15 +342,17 @@ def symmetry_breakdown(layer: nn.Module) -> dict[str, int]:
     return out
 
 
-def predicted_symmetry_dimension(layer: nn.Module) -> int:
+def predicted_symmetry_dimension(layer: nn.Module, *, check_weights: bool = True) -> int:
     """Number of continuous symmetry directions predicted by theory for generic weights.
 
-    The sum of :func:`symmetry_breakdown`, which lists the contributions and the regimes.
-    Depends only on the sizes and on σ's ``is_linear`` / ``homogeneity_degree``.
+    The sum of :func:`symmetry_breakdown`, which lists the contributions and the regimes
+    and raises ``ValueError`` outside them. Depends on the sizes and on σ's ``is_linear`` /
+    ``homogeneity_degree``, and (unless ``check_weights=False``) on whether every S_j is
+    indefinite where the theorem needs it.
     """
-    return sum(symmetry_breakdown(layer).values())
+    return sum(symmetry_breakdown(layer, check_weights=check_weights).values())
 
 
-def effective_parameter_count(layer: nn.Module) -> int:
+def effective_parameter_count(layer: nn.Module, *, check_weights: bool = True) -> int:
     """Parameters minus predicted symmetry dimension: the dimension of the function family."""
-    return parameter_count(layer) - predicted_symmetry_dimension(layer)
+    return parameter_count(layer) - predicted_symmetry_dimension(layer, check_weights=check_weights)
