@@ -229,7 +229,7 @@ _REFS_JS = r"""
     if (!x.closest('a')) unresolved.push('unlinked xref: ' + x.outerHTML.slice(0, 120));
   const proofs = [...main.querySelectorAll('div.proof, div.admonition.theorem')].map(d => ({
     classes: d.className,
-    title: (d.querySelector('.admonition-title') || {}).innerText || ''}));
+    title: (d.querySelector('.admonition-title') || {}).textContent || ''}));  // textContent: a block in a closed detour has no innerText
   const links = [...main.querySelectorAll('a[href]')].map(a => a.href);
   const ids = [...document.querySelectorAll('[id]')].map(e => e.id)
     .concat([...document.querySelectorAll('a[name]')].map(a => a.name));
