@@ -9,14 +9,14 @@ Run every grid with ``python -m qkmlp.experiments --task all``.
 """
 from .families import FAMILIES, Family, family_names, get_family, hidden_width, kv_budget, make_layer
 from .runner import (choose_lr, compare, load_results, rerun, run_cell, run_grid, save_results, strip_provenance,
-                     summary, tuned_lr, values_by_seed)
+                     summary, tuned_lr, unrounded, values_by_seed)
 from ..runbase.stats import detectable_difference, holm, mean_sd, paired_comparison, sign_test, t_interval, t_test
 from .tasks import TASKS, TinyTransformer, get_task
 
 __all__ = [
     "FAMILIES", "Family", "family_names", "get_family", "hidden_width", "kv_budget", "make_layer",
     "choose_lr", "compare", "load_results", "rerun", "run_cell", "run_grid", "save_results", "strip_provenance",
-    "summary", "tuned_lr", "values_by_seed",
+    "summary", "tuned_lr", "unrounded", "values_by_seed",
     "detectable_difference", "holm", "mean_sd", "paired_comparison", "sign_test", "t_interval", "t_test",
     "TASKS", "TinyTransformer", "get_task",
 ]
