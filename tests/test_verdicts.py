@@ -249,3 +249,49 @@ def test_status_text_words_a_multiplier_outside_the_grid_as_declared():
     assert ("the control c needs 5 times the steps to match SwiGLU at 1\u202f500 "
             "(95 % interval 2.5 to beyond the grid, which reaches 16)") in text
     assert "the control d needs 1.4 times the steps to match SwiGLU at 6\u202f000 (95 % interval 1.2 to 1.7)" in text
+
+
+def test_a_multiplier_is_declared_only_where_its_trend_is_resolved():
+    # lm-compute-multiplier as written (settled in lm24k-twenty-seeds): a multiplier is
+    # reported where the comparison's trend test is resolved; elsewhere it is undeclared
+    labels = {"b": "control b"}
+    two = {1500: _grid(1500, 0.02), 6000: _grid(6000, 0.03)}
+    rows = verdicts.budget_rows(DECL, two)
+    mult = {"id": "m", "metric": "test_loss", "grids": TREND["grids"], "comparisons": TREND["comparisons"]}
+    trend = verdicts.trend_status(TREND, two)
+    assert trend["rows"][0]["verdict"] == "a gains with compute"
+    m = verdicts.multiplier_status(mult, two, rows, n_boot=20, trend=trend)
+    assert m[0]["status"] == "estimated" and m[0]["declared"] is True
+    assert verdicts.multiplier_status(mult, two, rows, n_boot=20)[0]["declared"] is None
+    flat = {**trend, "rows": [{**trend["rows"][0], "verdict": "not resolved"}]}
+    m2 = verdicts.multiplier_status(mult, two, rows, n_boot=20, trend=flat)
+    assert m2[0]["declared"] is False
+    text = verdicts.status_text(rows, flat, m2, labels)
+    assert "**Compute multiplier, undeclared**" in text and "**Compute multiplier:** " not in text
+    assert "**Compute multiplier:** " in verdicts.status_text(rows, trend, m, labels)
+
+
+def test_the_p_table_flags_a_t_wilcoxon_disagreement():
+    labels = {"b": "control b"}
+    row = {"b": "b", "steps": 1500, "verdict": "not resolved", "alpha": 0.05, "holm_p": 0.09, "tost_p": 0.7}
+    _, body = verdicts.budget_p_table([{**row, "t_p": 0.018, "wilcoxon_p": 0.064},
+                                       {**row, "t_p": 0.018, "wilcoxon_p": 0.027},
+                                       {**row, "t_p": 0.2, "wilcoxon_p": 0.03},
+                                       {**row, "verdict": "not yet run"}], labels)
+    assert [b[3] for b in body] == ["0.064 (disagrees with t)", "0.027", "0.030 (disagrees with t)"]
+    assert [b[2] for b in body] == ["0.018", "0.018", "0.200"]
+
+
+def test_share_kept_is_one_minus_the_ratio_of_the_paired_means():
+    rows = [{"b": "kv-relu", "steps": 1500, "verdict": "a lower", "mean_diff": -0.04},
+            {"b": "symgated1-silu", "steps": 1500, "verdict": "not resolved", "mean_diff": 0.01},
+            {"b": "kv-relu", "steps": 6000, "verdict": "a lower", "mean_diff": -0.04},
+            {"b": "symgated1-silu", "steps": 6000, "verdict": "a lower", "mean_diff": -0.01},
+            {"b": "kv-relu", "steps": 24000, "verdict": "not yet run"}]
+    # SwiGLU leads the key-value MLP by 0.04; the control is 0.01 behind SwiGLU at 6 000,
+    # so it keeps 0.03 of 0.04; at 1 500 it is 0.01 ahead of SwiGLU: 0.05 of 0.04
+    assert verdicts.share_kept(rows) == pytest.approx({1500: 1.25, 6000: 0.75})
+    with pytest.raises(KeyError, match="no stored budget"):
+        verdicts.share_kept(rows[:1])
+    with pytest.raises(ValueError, match="tie exactly"):
+        verdicts.share_kept([{**rows[0], "mean_diff": 0.0}, rows[1]])

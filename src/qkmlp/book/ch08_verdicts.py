@@ -31,7 +31,7 @@ from ..runbase.stats import detectable_difference, holm, tost
 
 __all__ = ["family_tests", "verdict", "signed", "interval", "gain_cell", "verdict_cell", "breakable", "family_table",
            "declared_steps", "budget_rows", "budget_table", "budget_p_table", "trend_status", "multiplier_status",
-           "status_text", "NBSP", "MINUS"]
+           "status_text", "share_kept", "NBSP", "MINUS"]
 
 NBSP = "\u00a0"
 MINUS = "\u2212"
@@ -185,6 +185,24 @@ def budget_rows(declarations: Mapping[str, dict], results_by_steps: Mapping[int,
     return rows
 
 
+def share_kept(rows: list[dict], positive: str = "kv-relu", control: str = "symgated1-silu") -> dict[int, float]:
+    """{steps: share} of a's lead over the ``positive`` baseline that the exact ``control``
+    keeps, per stored budget of :func:`budget_rows`: 1 − (a − control) / (a − positive),
+    from the paired means (same seeds, so they subtract). A point estimate, not a test; above
+    1 where the control beats a."""
+    by = {(r["b"], r["steps"]): r for r in rows if r["verdict"] != "not yet run"}
+    steps = sorted({s for b, s in by if b == positive} & {s for b, s in by if b == control})
+    if not steps:
+        raise KeyError(f"no stored budget holds both {positive!r} and {control!r}")
+    out = {}
+    for s in steps:
+        lead = by[positive, s]["mean_diff"]
+        if lead == 0:
+            raise ValueError(f"at {s} steps a and {positive!r} tie exactly: no lead to share")
+        out[s] = 1 - by[control, s]["mean_diff"] / lead
+    return out
+
+
 def budget_table(rows: list[dict], labels: Mapping[str, str], a: str = "SwiGLU",
                  digits: int = 3) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the declared per-budget tests (:func:`budget_rows`), verdict first:
@@ -218,10 +236,19 @@ def budget_table(rows: list[dict], labels: Mapping[str, str], a: str = "SwiGLU",
 
 def budget_p_table(rows: list[dict], labels: Mapping[str, str]) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the p-values behind :func:`budget_table`, for the stored budgets:
-    the paired t-test after Holm, the Wilcoxon companion (uncorrected) and the TOST."""
-    body = [[breakable(f"{labels[r['b']]}, {_steps(r['steps'])}"), f"{r['holm_p']:.3f}", f"{r['wilcoxon_p']:.3f}",
-             f"{r['tost_p']:.3f}"] for r in rows if r["verdict"] != "not yet run"]
-    return ["against, steps", "t, Holm", "Wilcoxon", "TOST"], body
+    the paired t-test after Holm and before, the Wilcoxon companion (uncorrected) and the
+    TOST. Where the t-test and the Wilcoxon test disagree at α before correction (one
+    below, the other not), the Wilcoxon cell says so, as the declarations require."""
+    body = []
+    for r in rows:
+        if r["verdict"] == "not yet run":
+            continue
+        w = f"{r['wilcoxon_p']:.3f}"
+        if (r["t_p"] < r["alpha"]) != (r["wilcoxon_p"] < r["alpha"]):
+            w += " (disagrees with t)"
+        body.append([breakable(f"{labels[r['b']]}, {_steps(r['steps'])}"), f"{r['holm_p']:.3f}", f"{r['t_p']:.3f}",
+                     w, f"{r['tost_p']:.3f}"])
+    return ["against, steps", "t, Holm", "t", "Wilcoxon", "TOST"], body
 
 
 def _steps(n: int) -> str:
@@ -248,7 +275,7 @@ def trend_status(declaration: dict, results_by_steps: Mapping[int, dict]) -> dic
 
 
 def multiplier_status(declaration: dict, results_by_steps: Mapping[int, dict], budget: list[dict],
-                      n_boot: int = 10000, seed: int = 0) -> list[dict]:
+                      n_boot: int = 10000, seed: int = 0, trend: Optional[dict] = None) -> list[dict]:
     """The declared compute multiplier where the data allow it, else why not.
 
     One row per comparison and budget but the largest declared: ``status`` ``"not yet run"``
@@ -257,6 +284,11 @@ def multiplier_status(declaration: dict, results_by_steps: Mapping[int, dict], b
     a lower than b: the declaration reports the multiplier only there) or ``"estimated"``
     (with ``multiplier``, ``ci``, ``outside_grid`` from
     :func:`.declared.compute_multiplier` on the stored budgets).
+
+    With ``trend`` (:func:`trend_status`), an estimated row also says whether the
+    declaration reports it: ``declared`` is true when that comparison's trend test is
+    resolved (the rule of lm-compute-multiplier as written, settled in lm24k-twenty-seeds);
+    otherwise the estimate is shown as undeclared. Without ``trend``, ``declared`` is None.
     """
     from ..experiments.declared import compute_multiplier
 
@@ -267,6 +299,9 @@ def multiplier_status(declaration: dict, results_by_steps: Mapping[int, dict], b
     if len(stored) >= 2:
         est = {(r["a"], r["b"], r["steps"]): r
                for r in compute_multiplier(declaration, results_by_steps, n_boot=n_boot, seed=seed)}
+    resolved = {}
+    if trend is not None:
+        resolved = {r["b"]: r["verdict"] in ("a gains with compute", "b gains with compute") for r in trend["rows"]}
     rows = []
     for comp in declaration["comparisons"]:
         a, b = comp["a"]["family"], comp["b"]["family"]
@@ -277,7 +312,7 @@ def multiplier_status(declaration: dict, results_by_steps: Mapping[int, dict], b
             elif verdicts.get((a, b, steps)) != "a lower":
                 row["status"] = "not resolved"
             else:
-                row.update(est[a, b, steps], status="estimated")
+                row.update(est[a, b, steps], status="estimated", declared=resolved.get(b))
             rows.append(row)
     return rows
 
@@ -329,9 +364,15 @@ def status_text(budget: list[dict], trend: dict, multiplier: list[dict], labels:
         out.append(head + "; ".join(words) + ".")
     est = [r for r in multiplier if r["status"] == "estimated"]
     unresolved = [r for r in multiplier if r["status"] == "not resolved"]
-    if est:
+    kept = [r for r in est if r.get("declared") is not False]
+    undeclared = [r for r in est if r.get("declared") is False]
+    if kept:
         out.append("**Compute multiplier:** " + "; ".join(_multiplier_words(r, labels, a, max(stored))
-                                                          for r in est) + ".")
+                                                          for r in kept) + ".")
+    if undeclared:
+        out.append("**Compute multiplier, undeclared** (the declaration reports one only where the comparison's "
+                   "trend is resolved, and it is not): " + "; ".join(_multiplier_words(r, labels, a, max(stored))
+                                                                      for r in undeclared) + ".")
     if unresolved:
         out.append(f"**Compute multiplier, not resolved** (the declared test shows no lead for {a} there): "
                    + _and([f"against the {labels[r['b']]} at {_steps(r['steps'])}" for r in unresolved]) + ".")
