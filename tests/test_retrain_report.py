@@ -238,3 +238,60 @@ def test_matched_control_refuses_missing_runs():
     bad = {"matches": {"symmetrized": {"control": "swapped-f0.123"}}}
     with pytest.raises(KeyError, match="swapped-f0.123"):
         R.matched_control(res, bad, MC_DECL)
+
+
+# ---- the learning-rate-weighted tail, the matched controls' status ------------------------
+
+def test_shrink_per_full_rate_divides_by_the_rate_actually_used():
+    res = results(gap_end=(0.3, 0.25))
+    # the gap falls linearly from 2.0 at step 0 to ge at step 300: from step 200 it falls
+    # (2.0 - ge) / 3 over updates 200..299, whose summed rate (as a share of the peak) is
+    # written out here from the schedule of _run, not read from the code under test
+    lr = [min(1, (i + 1) / 15) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * i / 300))) for i in range(300)]
+    full = sum(lr[200:300]) / max(lr)
+    got = R.shrink_per_full_rate(res, "symmetrized", "doc", from_step=200, per=100)
+    assert got == pytest.approx([(2.0 - 0.3) / 3 / full * 100, (2.0 - 0.25) / 3 / full * 100], rel=1e-9)
+    # a slower rate at the end makes the same fall count for more per full-rate step
+    assert got[0] > (2.0 - 0.3) / 3
+    with pytest.raises(ValueError, match="evaluated step before the last"):
+        R.shrink_per_full_rate(res, "symmetrized", "doc", from_step=250)
+    with pytest.raises(ValueError, match="evaluated step before the last"):
+        R.shrink_per_full_rate(res, "symmetrized", "doc", from_step=300)
+
+
+def test_arms_can_leave_out_the_matched_controls():
+    res, _ = _mc_results(_deltas(-0.5, -0.4))
+    assert R.arms(res) == ["gated", "symmetrized", "symmetric", "swapped-f0.250", "swapped-f0.800"]
+    assert R.arms(res, matched=False) == ["gated", "symmetrized", "symmetric"]
+    assert R.is_matched_control("swapped-f0.250") and not R.is_matched_control("swapped")
+
+
+def test_matched_status_counts_the_records():
+    res, matching = _mc_results(_deltas(-0.5, -0.4))
+    res.update(tuning={"lr": 1e-4}, meta={"run_key": "abc"})
+    stored = {"main-swapped-f0.250-lr0.0001-s0-abc.json"}
+    st = R.matched_status(res, matching, stored.__contains__)
+    assert st["want"] == [("swapped-f0.250", 0), ("swapped-f0.250", 1), ("swapped-f0.800", 0), ("swapped-f0.800", 1)]
+    assert st["have"] == [("swapped-f0.250", 0)] and not st["complete"]
+    assert st["text"].startswith("1 of the 4 runs are stored (swapped-f0.250, seed 0)")
+    assert st["in_results"] == ["swapped-f0.250", "swapped-f0.800"]
+    everything = R.matched_status(res, matching, lambda job: True)
+    assert everything["complete"] and everything["text"] == "all 4 runs are stored"
+
+
+def test_plot_matched_draws_the_arm_and_its_control_per_seed():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = results(arms_=("gated", "symmetrized", "swapped-f0.250"))
+    res["config"]["arm_blocks"].append(["swapped-f0.250"])
+    fig, (a1, a2) = plt.subplots(1, 2)
+    plots.plot_matched(res, a1, "symmetrized", "swapped-f0.250", "code")
+    lines = a1.get_lines()
+    assert len(lines) == 4
+    np.testing.assert_allclose(lines[3].get_ydata(), R.gap_curve(res, "swapped-f0.250", 1, "code")[1])
+    # the chapter's first figures leave the matched controls out unless asked
+    plots.plot_gaps(res, a2)
+    assert len(a2.get_lines()) == 2
+    plt.close("all")

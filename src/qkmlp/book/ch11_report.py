@@ -25,9 +25,11 @@ from typing import Optional
 import numpy as np
 
 __all__ = ["load_retrain", "arms", "seeds", "texts", "run_of", "curve", "gap_curve", "original_loss",
-           "window_gap", "gap_summary", "recovery_rows", "schedule_at", "matched_control", "MATCHED_VERDICTS"]
+           "window_gap", "gap_summary", "recovery_rows", "schedule_at", "shrink_per_full_rate", "is_matched_control", "matched_status",
+           "matched_control", "MATCHED_VERDICTS"]
 
 CONTROL = "gated"
+MATCHED_PREFIX = "swapped-f"
 
 
 def load_retrain(path) -> dict:
@@ -42,10 +44,18 @@ def load_retrain(path) -> dict:
     return res
 
 
-def arms(results: dict) -> list[str]:
-    """The arms with at least one stored run, in the configuration's order."""
+def is_matched_control(arm: str) -> bool:
+    """Whether ``arm`` is a matched control (``swapped-f0.xxx``: the control with q and k
+    exchanged in a fraction of its units), read in its own section of chapter 11."""
+    return arm.startswith(MATCHED_PREFIX)
+
+
+def arms(results: dict, *, matched: bool = True) -> list[str]:
+    """The arms with at least one stored run, in the configuration's order; without the
+    matched controls (``swapped-f…``) when ``matched=False``."""
     have = {r["arm"] for r in results["runs"]}
-    return [a for block in results["config"]["arm_blocks"] for a in block if a in have]
+    return [a for block in results["config"]["arm_blocks"] for a in block
+            if a in have and (matched or not is_matched_control(a))]
 
 
 def seeds(results: dict, arm: str = CONTROL) -> list[int]:
@@ -127,6 +137,50 @@ def schedule_at(results: dict, step: int) -> float:
     return lrs[min(max(step, 0), len(lrs) - 1)] / max(lrs)
 
 
+def shrink_per_full_rate(results: dict, arm: str, text: Optional[str] = None, *,
+                         from_step: int = 250, per: int = 100) -> list[float]:
+    """Per seed (the order of :func:`seeds` shared with the control): how fast the gap to the
+    control still shrank from ``from_step`` to the end, *per unit of learning rate*: the gap's
+    fall (positive: shrinking) divided by the steps taken, each weighted by its rate as a
+    fraction of the peak, times ``per`` (nats per ``per`` full-rate steps). Under a decaying
+    schedule a flat tail can be the rate running out rather than the gap settling; this
+    separates the two. ``from_step`` must be an evaluated step before the last."""
+    text = _text(results, text)
+    ss = [s for s in seeds(results, arm) if s in seeds(results, CONTROL)]
+    if not ss:
+        raise KeyError(f"no seed has both a run of {arm!r} and of the control")
+    out = []
+    for s in ss:
+        steps, g = gap_curve(results, arm, s, text)
+        hits = np.flatnonzero(steps == from_step)
+        if not len(hits) or from_step >= steps[-1]:
+            raise ValueError(f"from_step must be an evaluated step before the last ({steps.tolist()}), "
+                             f"got {from_step}")
+        lrs = np.asarray(run_of(results, arm, s)["lr_per_step"], dtype=float)
+        # the weights after evaluation at step n have taken updates 0 … n−1
+        full_rate_steps = lrs[from_step:int(steps[-1])].sum() / lrs.max()
+        out.append(float(g[hits[0]] - g[-1]) / full_rate_steps * per)
+    return out
+
+
+def matched_status(results: dict, matching: dict, has_record) -> dict:
+    """Which runs of the matched controls exist: ``want`` (one job per matched control and
+    seed of the control), ``have`` (those for which ``has_record(job)`` is true), ``complete``
+    (all stored), ``in_results`` (matched-control arms in the results file) and ``text``: a
+    line for the page ("2 of the 4 runs are stored (…)")."""
+    from ..pretrained.retrain.grid import job_name
+
+    lr, key = results["tuning"]["lr"], results["meta"]["run_key"]
+    want = [(m["control"], s) for m in matching["matches"].values() for s in seeds(results)]
+    jobs = {w: job_name("main", w[0], lr, w[1], key) for w in want}
+    have = [w for w in want if has_record(jobs[w])]
+    done = "; ".join(f"{a}, seed {s}" for a, s in have) or "none"
+    text = (f"all {len(want)} runs are stored" if len(have) == len(want) else
+            f"{len(have)} of the {len(want)} runs are stored ({done}); the verdict waits for the rest")
+    return {"want": want, "have": have, "complete": len(have) == len(want),
+            "in_results": [a for a in arms(results) if is_matched_control(a)], "text": text}
+
+
 def gap_summary(results: dict, arm: str, text: Optional[str] = None, *, tail: int = 100) -> dict:
     """Per seed, how far ``arm`` got back towards the control on ``text``.
 
@@ -167,7 +221,7 @@ def gap_summary(results: dict, arm: str, text: Optional[str] = None, *, tail: in
 
 
 def recovery_rows(results: dict, text: Optional[str] = None, digits: int = 3) -> list[list]:
-    """Table rows, one per arm other than the control: arm, gap at step 0, final gap per
+    """Table rows, one per arm other than the control and the matched controls: arm, gap at step 0, final gap per
     seed (± se over windows), fraction closed (range over seeds), change over the last 100
     steps (range), final loss − the original model's (range)."""
     def rng(v, fmt):
@@ -175,7 +229,7 @@ def recovery_rows(results: dict, text: Optional[str] = None, digits: int = 3) ->
         return fmt.format(lo) if fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)} to {fmt.format(hi)}"
 
     rows = []
-    for arm in arms(results):
+    for arm in arms(results, matched=False):
         if arm == CONTROL:
             continue
         g = gap_summary(results, arm, text)
