@@ -10,7 +10,7 @@ their natural size, side by side in a wide column and stacked (or shrunk) on a p
 
 Above them, the unit's function on the (a, b) plane (:func:`qkmlp.book.widgets.exchange_plane`):
 heat maps of the unit at α, its swap q ↔ k and unit − swap, on one colour scale per frame.
-Each grid is stored at build time as ``PLANE_N``² characters, one per cell, each a level of
+Each grid is stored at build time as PLANE_N² characters, one per cell, each a level of
 a 63-step diverging scale (:func:`encode_plane`); identical grids are stored once, so the
 symmetric form (whose unit and swap are equal and do not move with α) costs one grid per
 σ. The α slider is ``SLIDER_HEIGHT_PX`` (44) CSS px tall: a touch target, not a 16 px line.

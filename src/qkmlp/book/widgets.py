@@ -44,6 +44,8 @@ from ..symmetry import (
 
 __all__ = [
     "FORMS",
+    "PLANE_CMAP",
+    "SLIDER_HEIGHT_PX",
     "default_alphas",
     "one_thread",
     "make_layer",
@@ -262,7 +264,8 @@ class SymmetryExplorer:
     scatter artists; ``.image`` the ipywidgets.Image that shows it. ``.plane_figure`` draws
     :func:`exchange_plane` at the current form, σ and α: ``.plane_images`` are its three
     heat maps (unit, swap, unit − swap) on one colour scale symmetric about 0 (the largest
-    magnitude of the three), shown by ``.plane_image``.
+    magnitude of the three), shown by ``.plane_image``. The α slider's layout is
+    ``SLIDER_HEIGHT_PX`` (44) px tall, a touch target.
     """
 
     def __init__(self, *, activation: str = "silu", form: str = "gated", alpha: float = 2.0,
