@@ -17,6 +17,8 @@
 //   stranded      punctuation written against an inline formula ("$x$," or "($x$") that
 //                 the line break parted from it: a comma starting a line, a bracket ending one
 //   math_scrolling inline formulas that scroll sideways (wider than their line)
+//   sliders       every drawn slider (input[type=range]) of the article, a touch target:
+//                 name (its id, else its explorer's id) and size in px
 ({verdict = "verdict"} = {}) => {
   const verdictRe = new RegExp(verdict, "i");
   const article = document.querySelector("article.bd-article") || document.querySelector("main") || document.body;
@@ -43,7 +45,7 @@
     height: {article: Math.round(article.getBoundingClientRect().height),
              page: document.documentElement.scrollHeight},
     code: {cells_px: 0, text_px: 0, px: 0, share: 0, cells_shown: 0, cells_folded: 0, blocks_shown: 0, largest: []},
-    tables: [], broken: [], header: [], stranded: [], math_scrolling: 0,
+    tables: [], broken: [], header: [], stranded: [], math_scrolling: 0, sliders: [],
   };
 
   // ------------------------------------------------------------------ visible code
@@ -167,6 +169,15 @@
       if (r.height && first.top >= r.bottom - 2)
         out.stranded.push({text: `${prev.data.slice(-12)}|${tex}`, where: section(c)});
     }
+  }
+
+  // ------------------------------------------------------------------ sliders
+  for (const el of article.querySelectorAll("input[type=range]")) {
+    if (!drawn(el)) continue;
+    const r = el.getBoundingClientRect();
+    const owner = el.id ? el : el.closest("[id]");
+    const name = "#" + (owner ? owner.id : "?") + (el.id ? "" : " " + (el.className || "range"));
+    out.sliders.push({name, width: Math.round(r.width * 10) / 10, height: Math.round(r.height * 10) / 10});
   }
 
   // ------------------------------------------------------------------ header tap targets

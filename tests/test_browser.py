@@ -23,8 +23,8 @@ QKMLP_SCREENSHOTS=full), and one of the phone menu opened on the landing page.
 What a phone reader meets (tests/page_metrics.js, also run by tests/measure_pages.py) is
 measured on every page as it loads, before any dropdown is opened: inline code broken
 inside a word (at both widths; a break after . _ / or a space is fine), punctuation
-parted from its formula by a line break, header tap targets under 44 x 44 px, visible
-code and tables that scroll sideways. The source archive is in every page's header menu
+parted from its formula by a line break, header tap targets under 44 x 44 px, sliders
+(the static explorer's α) under 44 px tall, visible code and tables that scroll sideways. The source archive is in every page's header menu
 and fetches as a gzip file. On a phone, tapping a section in "On this page" closes the
 drawer and shows the section; at 1280 px the sidebar does not scroll itself when the
 current chapter's entry is in sight at its top.
@@ -82,6 +82,7 @@ LAYOUT_ARGS = {"minPt": MIN_FIGURE_PT, "rasterScale": RASTER_SCALE, "svgScale": 
 LAYOUT_CHECKS = ["raw_table", "wide_math", "cut_math", "page_width", "figure_resolution",
                  "figure_text", "explorer", "icons"]
 MIN_TAP_PX = 44          # header buttons, both sides, CSS px
+MIN_SLIDER_PX = 44       # a slider's height (the explorer's α was 16 px, issue 43), CSS px
 # The chapters whose page targets issue 33 set: visible code at most 15 % of the page on a
 # phone (8-11); at most a quarter of the tables scrolling sideways, none with a verdict
 # column (8, 10 and 11).
@@ -730,6 +731,23 @@ def test_header_tap_targets_are_at_least_44px(site):
     _fail_if(bad, f"header buttons smaller than {MIN_TAP_PX} x {MIN_TAP_PX} px")
 
 
+def test_sliders_are_at_least_44px_tall(site):
+    """Every slider on a page, the static explorer's α above all, is a touch target at
+    least 44 px tall at both widths (it was 144 x 16 px on a phone: issue 43)."""
+    if not any(r.has_explorer for r in site.values()):
+        pytest.skip("no page contains div.qkmlp-static-explorer (chapter 5 not built)")
+    bad = {}
+    for p, r in site.items():
+        for v in VIEWS:
+            small = [f"{s['name']}: {s['width']} x {s['height']} px" for s in r.metrics.get(v, {}).get("sliders", [])
+                     if s["height"] < MIN_SLIDER_PX - 0.5]
+            if small:
+                bad[f"{p} @ {v} px"] = small
+    assert any(r.metrics.get("390", {}).get("sliders") for r in site.values() if r.has_explorer), \
+        "a page has an explorer but no slider was measured"
+    _fail_if(bad, f"sliders less than {MIN_SLIDER_PX} px tall")
+
+
 def test_phone_contents_drawer_closes_after_a_section_is_tapped(site):
     tried = [p for p, r in site.items() if "drawer" in r.layout.get("390", {})]
     assert tried, "no page was checked"
@@ -980,6 +998,7 @@ def _defect_page(html: Path, page: str) -> str:
 <img id="qk-tiny-text" alt="tiny" src="{_data_uri('image/svg+xml', _panel_svg(6.0).encode())}">
 <img id="qk-good" alt="good" src="{_data_uri('image/svg+xml', _panel_svg().encode())}">
 <div class="qkmlp-static-explorer" id="qk-wide-explorer" style="width:480px;height:20px;border:1px solid"></div>
+<input id="qk-thin-slider" type="range" min="0" max="33" style="width:144px;height:16px">
 <input id="qk-second-search" type="search" name="q" style="display:block;width:200px">
 <table id="qk-narrow-names" style="width:60px"><tbody><tr><td><code class="docutils literal notranslate"><span
  class="pre" style="white-space:pre-wrap;overflow-wrap:anywhere">StaticQueryMLP</span></code></td></tr></tbody></table>
@@ -1049,6 +1068,8 @@ def test_checks_catch_known_defects(book_build, browser, tmp_path):
             (view, m["broken"])
         assert [s for s in m["stranded"] if s["where"] == "Planted defects"], (view, m["stranded"])
         assert min(min(h["width"], h["height"]) for h in m["header"]) < MIN_TAP_PX - 0.5, (view, m["header"])
+        assert [s for s in m["sliders"] if s["name"] == "#qk-thin-slider" and s["height"] < MIN_SLIDER_PX - 0.5], \
+            (view, m["sliders"])
         wide = [x for x in m["tables"] if x["verdict"] and x["where"].startswith("comparison | gain")]
         assert wide and wide[0]["scrolls"] and wide[0]["verdict_hidden"], (view, m["tables"])
         assert any("planted_cell" in c for c in m["code"]["largest"]) and m["code"]["px"] >= 3000, (view, m["code"])
@@ -1119,6 +1140,7 @@ _EXPLORER_STATE_JS = """
   scale: root.querySelector('.qkmlp-scale-change').textContent.trim(),
   swap: root.querySelector('.qkmlp-swap-change').textContent.trim(),
   plot: root.querySelector('.qkmlp-plot').innerHTML,
+  plane: root.querySelector('.qkmlp-plane').innerHTML,
 })
 """
 
@@ -1143,7 +1165,8 @@ def test_static_explorer_answers_its_slider(site, server, browser):
             for i in range(explorers.count()):
                 root = explorers.nth(i)
                 for sel in ("input[type=range].qkmlp-alpha", "select.qkmlp-activation", "select.qkmlp-form",
-                            ".qkmlp-alpha-value", ".qkmlp-scale-change", ".qkmlp-swap-change", ".qkmlp-plot"):
+                            ".qkmlp-alpha-value", ".qkmlp-scale-change", ".qkmlp-swap-change", ".qkmlp-plot",
+                            ".qkmlp-plane"):
                     assert root.locator(sel).count() == 1, f"{p}: explorer {i} lacks exactly one {sel}"
                 root.scroll_into_view_if_needed()
                 before = root.evaluate(_EXPLORER_STATE_JS)
@@ -1158,6 +1181,7 @@ def test_static_explorer_answers_its_slider(site, server, browser):
                 assert after["alphaText"] != before["alphaText"], f"{p}: α readout did not change"
                 assert after["scale"] != before["scale"], f"{p}: scale-change text did not change"
                 assert after["plot"] != before["plot"], f"{p}: plot did not change with the slider"
+                assert after["plane"] != before["plane"], f"{p}: (a, b)-plane heat maps did not change with the slider"
                 root.screenshot(path=str(SCREENSHOTS / f"explorer_{_slug(p)}_{i}_moved.png"))
                 activation = root.locator("select.qkmlp-activation")
                 current = activation.input_value()
@@ -1169,6 +1193,7 @@ def test_static_explorer_answers_its_slider(site, server, browser):
                     again = root.evaluate(_EXPLORER_STATE_JS)
                     assert (again["scale"], again["swap"], again["plot"]) != (after["scale"], after["swap"], after["plot"]), \
                         f"{p}: choosing activation {others[0]} changed nothing"
+                    assert again["plane"] != after["plane"], f"{p}: choosing activation {others[0]} left the heat maps"
             page.wait_for_timeout(50)
             page.close()
             assert not report.js_errors, f"{p}: JavaScript errors while moving the explorer: {report.js_errors}"

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from qkmlp import activation_names
-from qkmlp.book.static_explorer import static_explorer_data, static_explorer_html
-from qkmlp.book.widgets import _grid, component_products, default_alphas
+from qkmlp import get_activation
+from qkmlp.book.static_explorer import (PLANE_LEVELS, PLANE_N, decode_plane, encode_plane,
+                                        static_explorer_data, static_explorer_html)
+from qkmlp.book.widgets import _grid, component_products, default_alphas, exchange_plane
 
 MAX_BYTES = 600_000  # one explorer; the whole chapter page must stay under 2 MB
 
@@ -69,8 +71,12 @@ def test_dom_contract(page):
         assert sel[0] == "select"
     options = [a["value"] for tag, a, stack in tags if tag == "option" and ("select", "qkmlp-activation") in stack]
     assert options == activation_names()
-    for cls in ("qkmlp-alpha-value", "qkmlp-scale-change", "qkmlp-swap-change", "qkmlp-plot"):
+    for cls in ("qkmlp-alpha-value", "qkmlp-scale-change", "qkmlp-swap-change", "qkmlp-plot", "qkmlp-plane",
+                "qkmlp-heat-unit", "qkmlp-heat-swap", "qkmlp-heat-diff", "qkmlp-colorbar"):
         assert len(_with_class(tags, cls)) == 1, cls
+    for cls in ("qkmlp-heat-unit", "qkmlp-heat-swap", "qkmlp-heat-diff", "qkmlp-colorbar"):
+        ((tag, _, stack),) = _with_class(tags, cls)
+        assert tag == "svg" and ("div", "qkmlp-plane") in stack, cls
     circles = [t for t in tags if t[0] == "circle"]
     assert len(circles) == 2 * len(_grid()[0])
     assert all(("div", "qkmlp-plot") in stack for _, _, stack in circles)  # the plot is under .qkmlp-plot
@@ -215,6 +221,29 @@ def test_js_updates_text_and_plot(tmp_path, page):
             assert t2[1] != t1[1] and t2[2] != t1[2]
             assert float(t2[1]) < 1e-12  # tanh is odd: α = −1 leaves the gated form invariant
             assert pg.locator("#ex-b .qkmlp-alpha-value").inner_text() == "1"  # untouched
+
+            def fills(cls):
+                return root.locator(f".{cls} .qkmlp-cells rect").evaluate_all("rs => rs.map(r => r.getAttribute('fill'))")
+
+            pal = data["plane"]["palette"]
+            white = pal[PLANE_LEVELS]
+            root.locator("input.qkmlp-alpha").fill(str(data["alphas"].index(1.0)))
+            root.locator("select.qkmlp-activation").select_option("silu")
+            u, w, d = fills("qkmlp-heat-unit"), fills("qkmlp-heat-swap"), fills("qkmlp-heat-diff")
+            n = PLANE_N
+            assert len(u) == len(w) == len(d) == n * n
+            # the cells are where exchange_plane puts them: cell k is row k // n (b), column k % n (a)
+            p = exchange_plane("gated", "silu", 1.0, n=n)
+            scale = data["plane"]["frames"]["gated"]["silu"][data["alphas"].index(1.0)][2]
+            want = [pal[int(np.clip(np.rint(v / scale * PLANE_LEVELS), -PLANE_LEVELS, PLANE_LEVELS)) + PLANE_LEVELS]
+                    for v in p["unit"].ravel()]
+            assert u == want
+            assert u != w and set(d) != {white}                      # gated: the exchange breaks
+            assert w == [u[(k % n) * n + k // n] for k in range(n * n)]  # α = 1: the swap is the transpose
+            root.locator("select.qkmlp-form").select_option("symmetric")
+            u2, w2, d2 = fills("qkmlp-heat-unit"), fills("qkmlp-heat-swap"), fills("qkmlp-heat-diff")
+            assert u2 == w2 and set(d2) == {white} and u2 != u       # symmetric: equal maps, blank difference
+            assert "swap: σ((b/α)(αa))" in root.locator(".qkmlp-heat-swap").inner_html()
             assert not errors
         finally:
             browser.close()
@@ -237,7 +266,7 @@ def test_responsive_layout():
     """No fixed width wider than a phone's column: each panel is its own SVG that can shrink."""
     html = static_explorer_html(uid="resp", activations=["relu"])
     svgs = [a for tag, a, _ in _parse(html) if tag == "svg"]
-    assert len(svgs) == 2
+    assert len(svgs) == 2 + 4          # two scatters; three heat maps and their colour bar
     for a in svgs:
         assert int(a["width"]) <= 300 and "viewBox" in a or "viewbox" in a
     assert "max-width: 100%" in html and "flex-wrap: wrap" in html
@@ -263,8 +292,75 @@ def test_fits_a_phone(tmp_path):
             box = pg.evaluate("""() => { const r = document.getElementById('phone');
                 return {w: r.getBoundingClientRect().width, sw: r.scrollWidth,
                         doc: document.documentElement.scrollWidth,
-                        svg: [...r.querySelectorAll('svg')].map(s => s.getBoundingClientRect().width)}; }""")
+                        svg: [...r.querySelectorAll('.qkmlp-plot svg')].map(s => s.getBoundingClientRect().width),
+                        heat: [...r.querySelectorAll('.qkmlp-plane svg')].map(s => {
+                            const b = s.getBoundingClientRect(); return [b.width / s.viewBox.baseVal.width, b.top]; }),
+                        slider: r.querySelector('input.qkmlp-alpha').getBoundingClientRect().toJSON()}; }""")
             assert box["doc"] <= 390 and box["sw"] <= box["w"] + 1
             assert all(w >= 240 for w in box["svg"])     # at (nearly) natural size: text legible
+            assert all(scale >= 0.99 for scale, _ in box["heat"])   # heat maps at natural size (9.5 pt text)
+            tops = sorted({round(top) for _, top in box["heat"]})
+            assert len(tops) == 2                         # two rows of two: unit, swap / difference, colour bar
+            assert box["slider"]["height"] >= 44 and box["slider"]["width"] >= 200   # a touch target
         finally:
             browser.close()
+
+
+# --- the (a, b)-plane heat maps ------------------------------------------------------------
+
+def test_encode_plane_round_trip_and_levels():
+    """One character per cell, row-major, level round(v / scale · 31), 0 drawn as the middle."""
+    v = np.array([[-2.0, -1.0, 0.0], [0.03, 1.0, 2.5]])
+    text = encode_plane(v, 2.0)
+    assert len(text) == 6
+    levels = [-31, round(-31 / 2), 0, round(0.03 / 2 * 31), round(31 / 2), 31]   # 2.5 clips to +31
+    chars = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    assert text == "".join(chars[k + 31] for k in levels)
+    g = np.linspace(-1, 1, 17)[None, :] * np.linspace(-1, 1, 17)[:, None]
+    np.testing.assert_allclose(decode_plane(encode_plane(g, 1.0), 1.0), g, atol=0.5 / 31 + 1e-15)
+    with pytest.raises(ValueError, match="scale"):
+        encode_plane(g, 0.0)
+    with pytest.raises(ValueError, match="finite"):
+        encode_plane(np.array([np.nan]), 1.0)
+    with pytest.raises(ValueError, match="n²"):
+        decode_plane("ff", 1.0)
+
+
+def test_plane_frames_hold_exchange_plane(page):
+    """Every stored frame decodes to exchange_plane's unit and swap within one level, on
+    a scale that is the largest magnitude of unit, swap and their difference."""
+    _, data = page
+    pl = data["plane"]
+    assert pl["n"] == PLANE_N and pl["levels"] == PLANE_LEVELS and len(pl["palette"]) == 2 * PLANE_LEVELS + 1
+    assert len(set(pl["grids"])) == len(pl["grids"])          # each distinct grid stored once
+    for form in data["forms"]:
+        for act in data["activations"]:
+            for i in (0, 7, data["alphas"].index(1.0), len(data["alphas"]) - 1):
+                a = data["alphas"][i]
+                u, w, scale = pl["frames"][form][act][i]
+                p = exchange_plane(form, act, a, n=PLANE_N, span=pl["span"])
+                top = max(np.abs(p[k]).max() for k in ("unit", "swap", "difference"))
+                assert scale == pytest.approx(top, rel=5e-3)
+                for idx, key in ((u, "unit"), (w, "swap")):
+                    got = decode_plane(pl["grids"][idx], scale)
+                    np.testing.assert_allclose(got, np.clip(p[key], -scale, scale), atol=0.5 * scale / PLANE_LEVELS * 1.0001)
+
+
+def test_plane_frames_show_the_theorems(page):
+    """The symmetric form's unit and swap are one stored grid at every α and σ; the gated
+    form's are two for every nonlinear σ (its exchange breaks) and one for linear σ."""
+    _, data = page
+    frames = data["plane"]["frames"]
+    for act in data["activations"]:
+        linear = get_activation(act).is_linear
+        for (su, sw, _), (gu, gw, _) in zip(frames["symmetric"][act], frames["gated"][act]):
+            assert su == sw
+            assert (gu == gw) == linear, act
+    # the symmetric unit does not move with α: one grid per σ
+    assert all(len({row[0] for row in frames["symmetric"][act]}) == 1 for act in data["activations"])
+
+
+def test_slider_is_44px_tall_in_the_css():
+    html = static_explorer_html(uid="tall", activations=["relu"])
+    rule = re.search(r"#tall input\.qkmlp-alpha \{([^}]*)\}", html).group(1)
+    assert re.search(r"(?<![-\w])height: 44px", rule), rule

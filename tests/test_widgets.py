@@ -13,8 +13,10 @@ pytest.importorskip("matplotlib")
 from qkmlp import activation_names, get_activation  # noqa: E402
 from qkmlp.book.widgets import (  # noqa: E402
     SymmetryExplorer,
+    SLIDER_HEIGHT_PX,
     component_products,
     default_alphas,
+    exchange_plane,
     make_batch,
     make_layer,
     measure,
@@ -222,3 +224,100 @@ def test_predicted_change_for_negative_alpha_odd_degree_two():
     # an even σ: no number predicted for α < 0 (the change is |α|^(p−1) + 1, not declared)
     assert predicted_scale_change(make_layer("gated", even2), -2.0) is None
     assert measure(make_layer("gated", even2), x, -2.0)["scale_change"] == pytest.approx(3.0, rel=1e-12)
+
+
+# --- the (a, b) plane ---------------------------------------------------------------------
+
+def _silu(z):
+    return z / (1.0 + math.exp(-z))
+
+
+def _gelu(z):
+    return 0.5 * z * (1.0 + math.erf(z / math.sqrt(2.0)))
+
+
+@pytest.mark.parametrize("alpha", [-4.0, -1.0, 0.5, 1.0, 2.0])
+def test_exchange_plane_is_the_formula(alpha):
+    """Each cell against the unit written out by hand: gated σ(αa)·(b/α) and its swap
+    σ(b/α)·(αa), symmetric σ((αa)(b/α)), at b = axis[i] (rows), a = axis[j] (columns)."""
+    n, span = 9, 1.5
+    axis = [-span + 2 * span * k / (n - 1) for k in range(n)]
+    g = exchange_plane("gated", "silu", alpha, n=n, span=span)
+    s = exchange_plane("symmetric", "gelu", alpha, n=n, span=span)
+    np.testing.assert_allclose(g["a"], axis, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(g["b"], axis, rtol=0, atol=1e-15)
+    for i, b in enumerate(axis):
+        for j, a in enumerate(axis):
+            unit, swap = _silu(alpha * a) * (b / alpha), _silu(b / alpha) * (alpha * a)
+            assert g["unit"][i, j] == pytest.approx(unit, rel=1e-12, abs=1e-15)
+            assert g["swap"][i, j] == pytest.approx(swap, rel=1e-12, abs=1e-15)
+            assert g["difference"][i, j] == pytest.approx(unit - swap, rel=1e-12, abs=1e-14)
+            want = _gelu((alpha * a) * (b / alpha))
+            assert s["unit"][i, j] == pytest.approx(want, rel=1e-12, abs=1e-15)
+            assert s["swap"][i, j] == pytest.approx(want, rel=1e-12, abs=1e-15)
+
+
+@pytest.mark.parametrize("name", activation_names())
+def test_exchange_plane_symmetric_equals_its_swap_gated_does_not(name):
+    """The picture of the theorems: the symmetric unit's map equals its swap (difference
+    exactly 0) for every σ and α; the gated one's differs unless σ is linear. At α = 1 the
+    swap is the unit reflected in a = b (the transpose)."""
+    linear = get_activation(name).is_linear
+    for alpha in (-2.0, 0.5, 1.0, 4.0):
+        s = exchange_plane("symmetric", name, alpha)
+        assert np.array_equal(s["unit"], s["swap"]) and not s["difference"].any()
+        g = exchange_plane("gated", name, alpha)
+        gap = np.abs(g["difference"]).max()
+        if linear:
+            assert gap <= 1e-12 * np.abs(g["unit"]).max()
+        else:
+            assert gap > 0.05 * np.abs(g["unit"]).max(), (name, alpha, gap)
+    g1 = exchange_plane("gated", name, 1.0)
+    np.testing.assert_array_equal(g1["swap"], g1["unit"].T)
+
+
+def test_exchange_plane_bad_input():
+    with pytest.raises(ValueError, match="unknown form"):
+        exchange_plane("dense", "relu", 1.0)
+    with pytest.raises(ValueError, match="alpha must be finite and non-zero"):
+        exchange_plane("gated", "relu", 0.0)
+    with pytest.raises(ValueError, match="n must be"):
+        exchange_plane("gated", "relu", 1.0, n=1)
+    with pytest.raises(ValueError, match="span must be"):
+        exchange_plane("gated", "relu", 1.0, span=-1.0)
+    with pytest.raises(ValueError, match="unknown activation"):
+        exchange_plane("gated", "nope", 1.0)
+
+
+def test_plane_figure_follows_the_controls(ex):
+    """The live heat maps redraw in place on each control: the three images hold
+    exchange_plane's unit, swap and difference on one colour scale."""
+    with ex.hold():
+        ex.form.value = "gated"
+        ex.activation.value = "silu"
+        ex.alpha.value = 1.0
+    n_axes = len(ex.plane_figure.axes)
+    unit, swap, diff = (np.asarray(im.get_array()) for im in ex.plane_images)
+    a = ex.plane_images[0].get_extent()
+    assert a == [-2.0, 2.0, -2.0, 2.0] or tuple(a) == (-2.0, 2.0, -2.0, 2.0)
+    np.testing.assert_array_equal(swap, unit.T)        # α = 1: the reflection in a = b
+    assert np.abs(diff).max() > 1.0                     # gated silu: the exchange breaks
+    clims = {im.get_clim() for im in ex.plane_images}
+    assert len(clims) == 1 and clims.pop()[1] == pytest.approx(max(np.abs(unit).max(), np.abs(diff).max()))
+    png = ex.plane_image.value
+    ex.alpha.value = 2.0
+    unit2 = np.asarray(ex.plane_images[0].get_array())
+    i, j = 16, 12                                       # b = 2, a = 1
+    assert unit2[i, j] == pytest.approx(_silu(2.0 * 1.0) * (2.0 / 2.0), rel=1e-12)
+    assert ex.plane_image.value != png and ex.plane_image.value[:4] == b"\x89PNG"
+    ex.form.value = "symmetric"
+    unit, swap, diff = (np.asarray(im.get_array()) for im in ex.plane_images)
+    assert np.array_equal(unit, swap) and not diff.any()
+    assert len(ex.plane_figure.axes) == n_axes
+    assert ex.plane_image in ex.widget.children
+    ex.form.value = "gated"
+
+
+def test_slider_is_a_touch_target(ex):
+    assert SLIDER_HEIGHT_PX >= 44
+    assert ex.alpha.layout.height == f"{SLIDER_HEIGHT_PX}px"

@@ -8,41 +8,98 @@ switches activation, form or rank. Show it with ``IPython.display.HTML(static_ex
 The fragment is responsive: the two scatter plots are separate SVGs, 250 CSS px wide at
 their natural size, side by side in a wide column and stacked (or shrunk) on a phone.
 
+Above them, the unit's function on the (a, b) plane (:func:`qkmlp.book.widgets.exchange_plane`):
+heat maps of the unit at α, its swap q ↔ k and unit − swap, on one colour scale per frame.
+Each grid is stored at build time as PLANE_N² characters, one per cell, each a level of
+a 63-step diverging scale (:func:`encode_plane`); identical grids are stored once, so the
+symmetric form (whose unit and swap are equal and do not move with α) costs one grid per
+σ. The α slider is ``SLIDER_HEIGHT_PX`` (44) CSS px tall: a touch target, not a 16 px line.
+
 DOM contract (browser tests rely on these class names), all inside
 ``<div class="qkmlp-static-explorer" id="...">``: ``input[type=range].qkmlp-alpha``
 (its value is an index into the α grid), ``select.qkmlp-activation``, ``select.qkmlp-form``,
 ``.qkmlp-rank`` (a ``select`` when there are several ranks, else a hidden input holding
 the one rank), text elements ``.qkmlp-alpha-value``, ``.qkmlp-scale-change``,
-``.qkmlp-swap-change`` (plus ``.qkmlp-scale-predicted``, ``.qkmlp-swap-predicted``), and the
-two inline SVG panels under ``.qkmlp-plot``. Each explorer has its own id, and its script only
+``.qkmlp-swap-change`` (plus ``.qkmlp-scale-predicted``, ``.qkmlp-swap-predicted``), the
+two inline SVG panels under ``.qkmlp-plot``, and under ``.qkmlp-plane`` the heat maps
+``svg.qkmlp-heat-unit``, ``svg.qkmlp-heat-swap``, ``svg.qkmlp-heat-diff`` (their cells are
+the ``rect`` elements of ``g.qkmlp-cells``, filled by the script) and ``svg.qkmlp-colorbar``. Each explorer has its own id, and its script only
 touches elements inside its own container, so several can share a page.
 """
 from __future__ import annotations
 
 import html
 import json
+import math
 import uuid
 from typing import Optional, Sequence
+
+import numpy as np
 
 from ..activations import activation_names, get_activation
 from .widgets import (
     D_HIDDEN,
     D_MODEL,
     FORMS,
+    PLANE_CMAP,
+    SLIDER_HEIGHT_PX,
     _check_form,
     _grid,
     component_products,
     default_alphas,
+    exchange_plane,
     make_batch,
     make_layer,
     measure,
     one_thread,
 )
 
-__all__ = ["static_explorer_data", "static_explorer_html"]
+__all__ = ["static_explorer_data", "static_explorer_html", "encode_plane", "decode_plane",
+           "PLANE_N", "PLANE_LEVELS"]
 
 #: Significant digits kept for plot coordinates (the plots are 200 px wide).
 PLOT_DIGITS = 3
+#: Grid points per side of the (a, b)-plane heat maps (a, b in [−2, 2], step 0.25).
+PLANE_N = 17
+#: Colour levels on each side of 0 in a stored heat map: 2·31 + 1 = 63 steps.
+PLANE_LEVELS = 31
+#: One character per level, −PLANE_LEVELS..PLANE_LEVELS (the first 63 of base64's alphabet).
+_LEVEL_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"[:2 * PLANE_LEVELS + 1]
+
+
+def encode_plane(values, scale: float) -> str:
+    """A grid of values as one character per cell, row-major (rows are b, as in
+    :func:`~qkmlp.book.widgets.exchange_plane`): the level round(v / scale · PLANE_LEVELS)
+    (of that ratio rounded to 9 decimals), clipped to ±PLANE_LEVELS, written as ``_LEVEL_CHARS[level + PLANE_LEVELS]`` (0 is "f").
+    """
+    scale = float(scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+    v = np.asarray(values, dtype=np.float64)
+    if not np.isfinite(v).all():
+        raise ValueError("values must be finite")
+    # rounded to 9 decimals first, so that float noise (α·a·b/α against a·b) cannot tip a
+    # value lying on a boundary between two levels into either
+    level = np.clip(np.rint(np.round(v / scale * PLANE_LEVELS, 9)), -PLANE_LEVELS, PLANE_LEVELS).astype(int)
+    return "".join(_LEVEL_CHARS[k + PLANE_LEVELS] for k in level.ravel())
+
+
+def decode_plane(text: str, scale: float, n: int = PLANE_N) -> np.ndarray:
+    """The (n, n) grid :func:`encode_plane` stored (each value to within scale / 62)."""
+    if len(text) != n * n:
+        raise ValueError(f"a stored grid has n² = {n * n} characters, got {len(text)}")
+    level = np.array([_LEVEL_CHARS.index(c) for c in text]) - PLANE_LEVELS
+    return (level * (float(scale) / PLANE_LEVELS)).reshape(n, n)
+
+
+def _palette() -> list[str]:
+    """The 63 colours of the levels, PLANE_CMAP sampled evenly (level 0 is its middle)."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    cmap = colormaps[PLANE_CMAP]
+    k = 2 * PLANE_LEVELS
+    return [to_hex(cmap(i / k)) for i in range(k + 1)]
 
 
 def _r(v: float):
@@ -64,6 +121,11 @@ def static_explorer_data(*, alphas: Optional[Sequence[float]] = None,
     ``plot[form][activation]`` holds ``x0`` (the unscaled product per grid point) and, per α,
     ``scale[i]`` (scaled product) and ``swap[i]`` (swapped product at α): see
     :func:`qkmlp.book.widgets.component_products`. Plot coordinates keep ``PLOT_DIGITS`` significant digits.
+    ``plane`` holds the heat maps: ``n``, ``span``, ``levels``, ``palette`` (one colour per
+    level), ``grids`` (distinct grids, :func:`encode_plane`) and
+    ``frames[form][activation]``, per α ``[unit, swap, scale]``: indices into ``grids`` of
+    :func:`~qkmlp.book.widgets.exchange_plane`'s unit and swap, encoded on one scale, the
+    largest magnitude among unit, swap and unit − swap (``PLOT_DIGITS`` digits).
     """
     alphas = [float(a) for a in (default_alphas() if alphas is None else alphas)]
     if not alphas:
@@ -109,7 +171,33 @@ def _compute(alphas, names, forms, ranks, seed) -> dict:
                 swap.append([_r(v) for v in ps])
             plot[f][n] = {"x0": [_r(v) for v in p0], "scale": scale, "swap": swap}
     return {"alphas": alphas, "activations": names, "forms": forms, "ranks": ranks,
-            "seed": seed, "numbers": numbers, "plot": plot}
+            "seed": seed, "numbers": numbers, "plot": plot, "plane": _planes(alphas, names, forms)}
+
+
+def _planes(alphas, names, forms) -> dict:
+    grids: list[str] = []
+    where: dict[str, int] = {}
+
+    def store(text: str) -> int:
+        if text not in where:
+            where[text] = len(grids)
+            grids.append(text)
+        return where[text]
+
+    frames: dict = {}
+    span = 2.0
+    for f in forms:
+        frames[f] = {}
+        for n in names:
+            rows = []
+            for a in alphas:
+                p = exchange_plane(f, n, a, n=PLANE_N, span=span)
+                top = max(float(np.abs(p[k]).max()) for k in ("unit", "swap", "difference"))
+                scale = _r(top) if top > 0 else 1
+                rows.append([store(encode_plane(p["unit"], scale)), store(encode_plane(p["swap"], scale)), scale])
+            frames[f][n] = rows
+    return {"n": PLANE_N, "span": span, "levels": PLANE_LEVELS, "palette": _palette(),
+            "grids": grids, "frames": frames}
 
 
 _CSS = """
@@ -117,7 +205,10 @@ _CSS = """
   padding: 0.6em 0.7em; margin: 1em 0; font-size: 0.9em; }}
 #{uid} .qkmlp-controls {{ display: flex; flex-wrap: wrap; gap: 0.4em 1.2em; align-items: center; }}
 #{uid} .qkmlp-controls label {{ white-space: nowrap; }}
-#{uid} input.qkmlp-alpha {{ width: 10em; max-width: 60vw; vertical-align: middle; }}
+#{uid} label.qkmlp-alpha-label {{ display: flex; align-items: center; gap: 0.4em; flex: 1 1 100%; }}
+#{uid} .qkmlp-alpha-value {{ display: inline-block; min-width: 3.3em; }}
+#{uid} input.qkmlp-alpha {{ flex: 1 1 8em; min-width: 8em; height: {slider}px; margin: 0;
+  box-sizing: border-box; cursor: pointer; touch-action: pan-y; }}
 #{uid} table {{ border-collapse: collapse; margin: 0.5em 0; width: 100%; }}
 #{uid} td, #{uid} th {{ padding: 0.15em 0.5em; border-bottom: 1px solid #eee; text-align: left;
   vertical-align: top; }}
@@ -127,6 +218,9 @@ _CSS = """
 #{uid} .qkmlp-plot svg {{ width: {panel}px; max-width: 100%; height: auto; }}
 #{uid} .qkmlp-note {{ color: #444; font-size: 0.9em; margin: 0.4em 0 0; overflow-wrap: break-word; }}
 #{uid} svg text {{ font-size: 12px; font-family: sans-serif; }}
+#{uid} .qkmlp-plane {{ display: flex; flex-wrap: wrap; gap: 0.3em 6px; justify-content: center; margin: 0.6em 0; }}
+#{uid} .qkmlp-plane svg {{ max-width: 100%; height: auto; }}
+#{uid} .qkmlp-plane svg text {{ font-size: 12.7px; }}
 """
 
 # Plain ES5, no external scripts. Finds its container by id (or, inside JupyterLab where the
@@ -164,6 +258,35 @@ _JS = r"""
     panel.querySelector(".qkmlp-xlabel").textContent = xl;
     panel.querySelector(".qkmlp-ylabel").textContent = yl;
   }
+  var PL = D.plane, NP = PL.n, LV = PL.levels, CHARS = "__CHARS__", LEVEL = {};
+  for (var c = 0; c < CHARS.length; c++) { LEVEL[CHARS.charAt(c)] = c; }
+  function cells(cls) {  // the heat map's NP x NP rects, made once
+    var g = q(cls).querySelector(".qkmlp-cells"), out = [], x0 = +g.getAttribute("data-x"),
+        y0 = +g.getAttribute("data-y"), w = +g.getAttribute("data-cell"), ns = "http://www.w3.org/2000/svg";
+    for (var k = 0; k < NP * NP; k++) {
+      var r = document.createElementNS(ns, "rect"), row = Math.floor(k / NP), col = k % NP;
+      r.setAttribute("x", x0 + col * w); r.setAttribute("y", y0 + (NP - 1 - row) * w);
+      r.setAttribute("width", w); r.setAttribute("height", w);
+      g.appendChild(r); out.push(r);
+    }
+    return out;
+  }
+  var heat = {unit: cells("qkmlp-heat-unit"), swap: cells("qkmlp-heat-swap"), diff: cells("qkmlp-heat-diff")};
+  function paint(rects, level) {  // level(k): -LV..LV
+    for (var k = 0; k < rects.length; k++) { rects[k].setAttribute("fill", PL.palette[level(k) + LV]); }
+  }
+  function plane(i) {
+    var f = PL.frames[form.value][act.value][i], u = PL.grids[f[0]], s = PL.grids[f[1]];
+    var lu = function (k) { return LEVEL[u.charAt(k)] - LV; }, ls = function (k) { return LEVEL[s.charAt(k)] - LV; };
+    paint(heat.unit, lu);
+    paint(heat.swap, ls);
+    paint(heat.diff, function (k) { return Math.max(-LV, Math.min(LV, lu(k) - ls(k))); });
+    var g = form.value === "gated";
+    q("qkmlp-heat-unit").querySelector(".qkmlp-heat-title").textContent = g ? "σ(αa)·(b/α)" : "σ((αa)(b/α))";
+    q("qkmlp-heat-swap").querySelector(".qkmlp-heat-title").textContent = g ? "swap: σ(b/α)·(αa)" : "swap: σ((b/α)(αa))";
+    q("qkmlp-cbar-hi").textContent = "+" + f[2].toPrecision(3);
+    q("qkmlp-cbar-lo").textContent = "−" + f[2].toPrecision(3);
+  }
   function update() {
     var i = parseInt(slider.value, 10), a = D.alphas[i];
     var n = D.numbers[rank.value][form.value][act.value][i];
@@ -177,6 +300,7 @@ _JS = r"""
     var g = form.value === "gated";
     draw(q("qkmlp-panel-scale"), p.x0, p.scale[i], g ? "σ(a)·b" : "σ(ab)", g ? "σ(αa)·(b/α)" : "σ((αa)(b/α))");
     draw(q("qkmlp-panel-swap"), p.scale[i], p.swap[i], g ? "σ(αa)·(b/α)" : "σ((αa)(b/α))", g ? "σ(b/α)·(αa)" : "σ((b/α)(αa))");
+    plane(i);
   }
   [slider, act, form, rank].forEach(function (el) {
     el.addEventListener("input", update);
@@ -216,6 +340,62 @@ def _panel_svg(cls: str, title: str, npts: int) -> str:
     )
 
 
+#: Layout of one heat map, in SVG units (= CSS px at natural size): cell size, left and
+#: top margin of the square, natural width and height. Two fit side by side in the
+#: explorer on a 390 px phone (about 335 px inside its border), three and the colour bar
+#: in one row at 1280 px.
+_CELL, _HX, _HY = 7, 34, 20
+_HW, _HH = _HX + _CELL * PLANE_N + 7, _HY + _CELL * PLANE_N + 33
+_CBAR_W = 66
+
+
+def _heat_svg(cls: str, title: str, span: float) -> str:
+    """One heat map: frame, diagonal a = b, ticks and labels; the script fills g.qkmlp-cells."""
+    side = _CELL * PLANE_N
+    x0, y0, x1, y1 = _HX, _HY, _HX + side, _HY + side
+    t = f"{span:g}"
+    # the end ticks sit inside the square's span, so the two "−2" at its corner stay apart
+    ticks = (f'<text x="{x0}" y="{y1 + 13}" text-anchor="start">−{t}</text>'
+             f'<text x="{(x0 + x1) / 2}" y="{y1 + 13}" text-anchor="middle">0</text>'
+             f'<text x="{x1}" y="{y1 + 13}" text-anchor="end">{t}</text>'
+             f'<text x="{x0 - 3}" y="{y1}" text-anchor="end">−{t}</text>'
+             f'<text x="{x0 - 3}" y="{(y0 + y1) / 2 + 4}" text-anchor="end">0</text>'
+             f'<text x="{x0 - 3}" y="{y0 + 9}" text-anchor="end">{t}</text>')
+    return (
+        f'<svg class="qkmlp-heat {cls}" viewBox="0 0 {_HW} {_HH}" width="{_HW}" height="{_HH}" '
+        'xmlns="http://www.w3.org/2000/svg" role="img" '
+        f'aria-label="{html.escape(title)} over the (a, b) plane, a = x·q across, b = x·k up">'
+        f'<text class="qkmlp-heat-title" x="{(x0 + x1) / 2}" y="{y0 - 6}" text-anchor="middle">'
+        f"{html.escape(title)}</text>"
+        f'<g class="qkmlp-cells" data-x="{x0}" data-y="{y0}" data-cell="{_CELL}" shape-rendering="crispEdges"></g>'
+        f'<rect x="{x0}" y="{y0}" width="{side}" height="{side}" fill="none" stroke="#999"/>'
+        f'<line x1="{x0}" y1="{y1}" x2="{x1}" y2="{y0}" stroke="#555" stroke-width="0.8" stroke-dasharray="3 3"/>'
+        f"{ticks}"
+        f'<text x="{(x0 + x1) / 2}" y="{y1 + 28}" text-anchor="middle">a = x·q</text>'
+        f'<text transform="translate(10,{(y0 + y1) / 2}) rotate(-90)" text-anchor="middle">b = x·k</text>'
+        "</svg>"
+    )
+
+
+def _colorbar_svg(palette: Sequence[str]) -> str:
+    """The shared colour scale: one band per level, +scale at the top, −scale at the bottom."""
+    side = _CELL * PLANE_N
+    k = len(palette)
+    h = side / k
+    bands = "".join(f'<rect x="4" y="{_HY + side - (i + 1) * h:.2f}" width="12" height="{h + 0.3:.2f}" '
+                    f'fill="{c}"/>' for i, c in enumerate(palette))
+    return (
+        f'<svg class="qkmlp-colorbar" viewBox="0 0 {_CBAR_W} {_HH}" width="{_CBAR_W}" height="{_HH}" '
+        'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="colour scale shared by the three heat maps">'
+        f'<g shape-rendering="crispEdges">{bands}</g>'
+        f'<rect x="4" y="{_HY}" width="12" height="{side}" fill="none" stroke="#999"/>'
+        f'<text class="qkmlp-cbar-hi" x="19" y="{_HY + 8}"></text>'
+        f'<text x="19" y="{_HY + side / 2 + 4}">0</text>'
+        f'<text class="qkmlp-cbar-lo" x="19" y="{_HY + side}"></text>'
+        "</svg>"
+    )
+
+
 def static_explorer_html(*, activation: Optional[str] = None, form: str = "gated", alpha: float = 2.0,
                          rank: Optional[int] = None, ranks: Sequence[int] = (1,),
                          alphas: Optional[Sequence[float]] = None,
@@ -229,7 +409,8 @@ def static_explorer_html(*, activation: Optional[str] = None, form: str = "gated
     without it; ``rank`` defaults to ``ranks[0]``). ``uid`` (default: random)
     namespaces the container's id. ``data``: frames already computed by
     :func:`static_explorer_data` (then ``alphas``, ``activations``, ``forms``, ``ranks`` and
-    ``seed`` are taken from it). With the defaults the fragment is about 0.4 MB.
+    ``seed`` are taken from it). With the defaults the fragment is about 0.5 MB (0.12 MB of
+    it the heat maps).
     """
     if data is not None:
         alphas, activations, forms = data["alphas"], data["activations"], data["forms"]
@@ -270,6 +451,10 @@ def static_explorer_html(*, activation: Optional[str] = None, form: str = "gated
         rank_control = f'<input type="hidden" class="qkmlp-rank" value="{rank}">'
     plots = (_panel_svg("qkmlp-panel-scale", "inverse scaling q→αq, k→k/α", npts)
              + _panel_svg("qkmlp-panel-swap", "swap q↔k (at α)", npts))
+    span = data["plane"]["span"]
+    heat = (_heat_svg("qkmlp-heat-unit", "unit at α", span) + _heat_svg("qkmlp-heat-swap", "swap q↔k at α", span)
+            + _heat_svg("qkmlp-heat-diff", "unit − swap", span) + _colorbar_svg(data["plane"]["palette"]))
+    pn = data["plane"]["n"]
     about_rank = (
         " The transforms act on each rank component separately, so the two plots are the "
         "same at every rank; the numbers in the table are measured on the whole layer of "
@@ -278,7 +463,7 @@ def static_explorer_html(*, activation: Optional[str] = None, form: str = "gated
     )
     note = (
         "The table compares two layers on a fixed batch of 64 random inputs: the relative "
-        "change ‖g(x) − f(x)‖/‖f(x)‖ and what the theorems predict. The plots show one rank "
+        "change ‖g(x) − f(x)‖/‖f(x)‖ and what the theorems predict. The scatter plots show one rank "
         "component on a 7×7 grid of projections (a, b) in [−2, 2]²: left, its value after "
         "the inverse scaling against before; right, after also swapping q and k. Points on "
         "the grey diagonal are unchanged. α runs over a log-spaced grid of negative and "
@@ -286,11 +471,19 @@ def static_explorer_html(*, activation: Optional[str] = None, form: str = "gated
         "random seed) and every number were computed when the book was built, so the "
         "explorer works without Python." + about_rank
     )
+    plane_note = (
+        "The heat maps draw one rank component's output over the (a, b) plane, a = x·q "
+        f"across and b = x·k up, on a {pn}×{pn} grid in [−{span:g}, {span:g}]²: the unit at α, "
+        "the unit with q and k swapped, and their difference, on one colour scale (orange "
+        "positive, purple negative, white 0). The dashed line is a = b; at α = 1 the swap is "
+        "the unit reflected in it. Where the exchange is a symmetry the two maps are equal "
+        "and the difference is white."
+    )
     return (
         f'<div class="qkmlp-static-explorer" id="{uid}">'
-        f"<style>{_CSS.format(uid=uid, panel=PANEL_PX)}</style>"
+        f"<style>{_CSS.format(uid=uid, panel=PANEL_PX, slider=SLIDER_HEIGHT_PX)}</style>"
         '<div class="qkmlp-controls">'
-        f'<label>α = <span class="qkmlp-alpha-value">{alpha:.3g}</span> '
+        f'<label class="qkmlp-alpha-label"><span>α = <span class="qkmlp-alpha-value">{alpha:.3g}</span></span> '
         f'<input type="range" class="qkmlp-alpha" min="0" max="{len(data["alphas"]) - 1}" '
         f'step="1" value="{i0}" '
         'aria-label="alpha (index into a log-spaced grid of negative and positive values)">'
@@ -306,9 +499,11 @@ def static_explorer_html(*, activation: Optional[str] = None, form: str = "gated
         '<tr><td>swap q↔k at α</td><td class="qkmlp-swap-change"></td>'
         '<td class="qkmlp-swap-predicted"></td></tr>'
         "</table>"
+        f'<div class="qkmlp-plane">{heat}</div>'
         f'<div class="qkmlp-plot">{plots}</div>'
+        f'<p class="qkmlp-note">{html.escape(plane_note)}</p>'
         f'<p class="qkmlp-note">{html.escape(note)}</p>'
         f'<script type="application/json" class="qkmlp-data">{payload}</script>'
-        f"<script>{_JS.replace('__UID__', uid)}</script>"
+        f"<script>{_JS.replace('__UID__', uid).replace('__CHARS__', _LEVEL_CHARS)}</script>"
         "</div>"
     )

@@ -3,13 +3,15 @@
 Two layers of code:
 
 - **Measurements** (no ipywidgets needed): :func:`make_layer`, :func:`make_batch`,
-  :func:`measure`, :func:`component_products`, :func:`scaling_sweep`. They also feed the
+  :func:`measure`, :func:`component_products`, :func:`exchange_plane`, :func:`scaling_sweep`. They also feed the
   static HTML explorer (:mod:`qkmlp.book.static_explorer`) and the chapter "Symmetry breaking".
 - **View**: :class:`SymmetryExplorer`, an ipywidgets panel whose controls are attributes
   (``.alpha``, ``.activation``, ``.form``, ``.rank``) and whose current measurements are
   :meth:`SymmetryExplorer.numbers`. Its figure is one matplotlib ``Figure`` updated in
   place (``set_offsets`` on existing artists) and shown as PNG bytes in an
-  ``ipywidgets.Image``, so moving a control never piles up figures or flickers.
+  ``ipywidgets.Image``, so moving a control never piles up figures or flickers. A second
+  figure draws the unit's function on the (a, b) plane (:func:`exchange_plane`): the unit,
+  its swap and their difference as heat maps, updated in place the same way.
 
 What is measured, for a fixed random layer (float64) and batch x:
 
@@ -42,6 +44,8 @@ from ..symmetry import (
 
 __all__ = [
     "FORMS",
+    "PLANE_CMAP",
+    "SLIDER_HEIGHT_PX",
     "default_alphas",
     "one_thread",
     "make_layer",
@@ -49,6 +53,8 @@ __all__ = [
     "measure",
     "predicted_scale_change",
     "component_products",
+    "plane_axis",
+    "exchange_plane",
     "scaling_sweep",
     "SymmetryExplorer",
     "symmetry_explorer",
@@ -57,6 +63,11 @@ __all__ = [
 #: The two rank-r forms the explorer compares.
 FORMS = ("gated", "symmetric")
 _LAYERS = {"gated": GatedMLP, "symmetric": SymmetricBilinearMLP}
+
+#: Diverging colour map of the (a, b)-plane heat maps (chapter 5's unit pictures use it too).
+PLANE_CMAP = "PuOr_r"
+#: Height of the α slider, CSS px: a touch target at least 44 px tall.
+SLIDER_HEIGHT_PX = 44
 
 #: Default sizes of the explorer's fixed random layer and batch.
 D_MODEL, D_HIDDEN, BATCH = 8, 16, 64
@@ -179,6 +190,42 @@ def component_products(form: str, activation, alpha: float, a, b):
     return tuple(t.numpy() for t in out)
 
 
+def plane_axis(n: int = 17, span: float = 2.0) -> np.ndarray:
+    """The n grid values of a (and of b) in [−span, span] that :func:`exchange_plane` uses."""
+    n = positive_int(n, "n")
+    if n < 2:
+        raise ValueError(f"n must be an integer >= 2, got {n!r}")
+    if isinstance(span, bool) or not isinstance(span, (int, float)) or not (math.isfinite(span) and span > 0):
+        raise ValueError(f"span must be a finite number > 0, got {span!r}")
+    return np.linspace(-span, span, n)
+
+
+def exchange_plane(form: str, activation, alpha: float, *, n: int = 17, span: float = 2.0) -> dict:
+    """One rank component's function on the (a, b) plane at α, and its swap: what the
+    explorer's heat maps draw.
+
+    a = x·q and b = x·k are the projections of the *unmoved* layer, as in
+    :func:`component_products`; α moves the layer along the scaling orbit (q → αq,
+    k → k/α), so the unit is gated σ(αa)·(b/α), symmetric σ((αa)(b/α)), and its swap
+    (q ↔ k at α) gated σ(b/α)·(αa), symmetric σ((b/α)(αa)). At α = 1 the swap is the unit
+    reflected in the diagonal a = b.
+
+    Returns ``{"a": axis, "b": axis, "unit", "swap", "difference"}``: ``axis`` is
+    :func:`plane_axis` (n values in [−span, span]); the three (n, n) float64 arrays are
+    indexed ``[i, j]`` at b = axis[i], a = axis[j] (rows are b, so
+    ``imshow(unit, origin="lower")`` puts a across and b up); ``difference`` is
+    unit − swap, zero exactly where the exchange is a symmetry of the unit.
+    """
+    _check_form(form)
+    alpha = float(alpha)
+    if not (math.isfinite(alpha) and alpha != 0):
+        raise ValueError(f"alpha must be finite and non-zero, got {alpha!r}")
+    g = plane_axis(n, span)
+    b, a = np.meshgrid(g, g, indexing="ij")      # b varies along rows, a along columns
+    _, unit, swap = component_products(form, activation, alpha, a, b)
+    return {"a": g, "b": g, "unit": unit, "swap": swap, "difference": unit - swap}
+
+
 def scaling_sweep(form: str, alphas: Sequence[float], activations: Optional[Sequence[str]] = None,
                   rank: int = 1, *, seed: int = 0) -> dict:
     """``scale_change`` for every activation and α: {name: float64 array of len(alphas)}."""
@@ -212,9 +259,13 @@ class SymmetryExplorer:
     Controls (ipywidgets, also the model's state): ``.alpha`` (SelectionSlider over a
     log-spaced grid of negative and positive α), ``.activation`` (Dropdown over the
     registry), ``.form`` (Dropdown: gated / symmetric), ``.rank`` (IntSlider).
-    Setting any control's ``.value`` updates :meth:`numbers`, the readout and the figure.
+    Setting any control's ``.value`` updates :meth:`numbers`, the readout and both figures.
     ``.figure`` is the matplotlib Figure; ``.scale_points`` / ``.swap_points`` its two
-    scatter artists; ``.image`` the ipywidgets.Image that shows it.
+    scatter artists; ``.image`` the ipywidgets.Image that shows it. ``.plane_figure`` draws
+    :func:`exchange_plane` at the current form, σ and α: ``.plane_images`` are its three
+    heat maps (unit, swap, unit − swap) on one colour scale symmetric about 0 (the largest
+    magnitude of the three), shown by ``.plane_image``. The α slider's layout is
+    ``SLIDER_HEIGHT_PX`` (44) px tall, a touch target.
     """
 
     def __init__(self, *, activation: str = "silu", form: str = "gated", alpha: float = 2.0,
@@ -243,7 +294,8 @@ class SymmetryExplorer:
         self.x = make_batch(seed=seed + 1)
         self._a, self._b = _grid()
         self.alpha = W.SelectionSlider(options=[(f"{a:.3g}", a) for a in alphas], value=alpha,
-                                       description="α", continuous_update=True)
+                                       description="α", continuous_update=True,
+                                       layout=W.Layout(height=f"{SLIDER_HEIGHT_PX}px"))
         self.activation = W.Dropdown(options=names, value=activation, description="σ")
         self.form = W.Dropdown(options=list(FORMS), value=form, description="form")
         self.rank = W.IntSlider(min=1, max=max_rank, value=rank, description="rank r")
@@ -261,6 +313,7 @@ class SymmetryExplorer:
         self._diag = [ax.plot([], [], color="0.6", lw=1, zorder=0)[0]
                       for ax in (self._ax_scale, self._ax_swap)]
         fig.subplots_adjust(left=0.09, right=0.98, bottom=0.16, top=0.86, wspace=0.3)
+        self._build_plane_figure(W)
 
         self._layer = None
         self._layer_key = None
@@ -268,6 +321,58 @@ class SymmetryExplorer:
         for w in (self.alpha, self.activation, self.form, self.rank):
             w.observe(self.update, names="value")
         self.update()
+
+    def _build_plane_figure(self, W) -> None:
+        """The (a, b)-plane figure: three heat maps and one colour bar, drawn at 96 dpi so
+        its 9.5 pt text is 9.5 pt in a 600 px wide image shown at natural size."""
+        import matplotlib
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        from .figures import RC
+
+        self._plane_rc = {**RC, "axes.grid": False}
+        with matplotlib.rc_context(self._plane_rc):
+            fig = Figure(figsize=(6.25, 2.45), dpi=96)
+            FigureCanvasAgg(fig)
+            axes = fig.subplots(1, 3, sharex=True, sharey=True)
+            span = float(plane_axis()[-1])
+            ext = (-span, span, -span, span)
+            self.plane_images = [ax.imshow(np.zeros((2, 2)), origin="lower", extent=ext,
+                                           cmap=PLANE_CMAP, vmin=-1, vmax=1, interpolation="nearest")
+                                 for ax in axes]
+            for ax in axes:
+                ax.plot([-span, span], [-span, span], color="0.35", lw=0.8, ls=(0, (3, 3)))
+                ax.set_xlabel("a = x·q")
+                ax.set_xticks([-span, 0, span])
+                ax.set_yticks([-span, 0, span])
+            axes[0].set_ylabel("b = x·k")
+            self._plane_colorbar = fig.colorbar(self.plane_images[0], ax=list(axes), shrink=0.9,
+                                                aspect=15, pad=0.02)
+        self.plane_figure, self._plane_axes = fig, list(axes)
+        self.plane_image = W.Image(format="png", layout=W.Layout(width="100%", max_width="600px",
+                                                                 height="auto"))
+
+    def _draw_plane(self, form: str, act: str, alpha: float) -> None:
+        import matplotlib
+
+        p = exchange_plane(form, act, alpha)
+        vmax = float(max(np.abs(p[k]).max() for k in ("unit", "swap", "difference"))) or 1.0
+        if form == "gated":
+            titles = ("σ(αa)·(b/α)", "swap: σ(b/α)·(αa)", "unit − swap")
+        else:
+            titles = ("σ((αa)(b/α))", "swap: σ((b/α)(αa))", "unit − swap")
+        with matplotlib.rc_context(self._plane_rc):
+            for im, ax, key, title in zip(self.plane_images, self._plane_axes,
+                                          ("unit", "swap", "difference"), titles):
+                im.set_data(p[key])
+                im.set_clim(-vmax, vmax)
+                ax.set_title(title)
+            self.plane_figure.suptitle(f"{form}, σ = {act}, α = {alpha:.3g}: one rank component "
+                                       "on the (a, b) plane")
+            buf = io.BytesIO()
+            self.plane_figure.savefig(buf, format="png")
+        self.plane_image.value = buf.getvalue()
 
     # model --------------------------------------------------------------------------
     @property
@@ -331,6 +436,7 @@ class SymmetryExplorer:
         buf = io.BytesIO()
         self.figure.savefig(buf, format="png")
         self.image.value = buf.getvalue()
+        self._draw_plane(form, act, alpha)
         self.readout.value = self._readout_html(nums)
 
     @staticmethod
@@ -362,6 +468,7 @@ class SymmetryExplorer:
                 W.HBox([self.form, self.rank], layout=wrap),
                 self.readout,
                 self.image,
+                self.plane_image,
             ], layout=W.Layout(max_width="100%"))
         return self._box
 
