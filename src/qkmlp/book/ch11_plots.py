@@ -99,8 +99,7 @@ def plot_matched(results: dict, ax, arm: str, control: str, text: Optional[str] 
             steps, gap = R.gap_curve(results, a, s, text)
             ax.plot(_xsteps(steps), gap, ls, color=color, lw=1.0 + 0.8 * i,
                     label=f"{ARM_LABELS.get(a, a) if a == arm else 'matched gated ' + a}, seed {s}")
-    ax.set(xscale="log", yscale="log", xlabel="step (step 0 at 1)", ylabel="gap to the control, nats/token",
-           title=text)
+    ax.set(xscale="log", yscale="log", xlabel="step (step 0 at 1)", ylabel="gap, nats/token", title=text)
     _plain_ticks(ax)
     if legend:
         ax.legend()
