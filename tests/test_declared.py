@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy.stats import ttest_1samp, ttest_rel
 
-from qkmlp.experiments.declared import (budget_tests, commit_order, compute_multiplier, load_declarations,
-                                        trend_tests)
+from qkmlp.experiments.declared import (budget_tests, commit_order, compute_multiplier, extension_tests,
+                                        load_declarations, trend_tests)
 
 FOLDER = "book/data/experiments/declared"
 
@@ -131,3 +131,82 @@ def test_commit_order_from_git(tmp_path):
     loose.mkdir()
     (loose / "decl.json").write_text("{}")
     assert commit_order({"path": str(loose / "decl.json")}, [run(at)])["status"].startswith("unknown")
+
+
+def _holm_by_hand(ps):
+    """Holm's step-down adjustment written out: sort, multiply by (m - i), running max, cap at 1."""
+    order = np.argsort(ps)
+    m, out, run = len(ps), np.empty(len(ps)), 0.0
+    for i, j in enumerate(order):
+        run = max(run, (m - i) * ps[j])
+        out[j] = min(1.0, run)
+    return out
+
+
+def _three_budgets(rng, new_budget_seeds=range(20)):
+    """Losses of four families at three budgets, ten seeds at the first two and more at the last;
+    a is clearly below d, slightly below b, level with c."""
+    res = {}
+    for steps, seeds, shift in ((1500, range(10), 0.02), (6000, range(10), 0.01), (24000, new_budget_seeds, 0.006)):
+        base = {s: 1.6 + 0.02 * rng.normal() for s in seeds}
+        res[steps] = _results({"gated1-silu": base,
+                               "symgated1-silu": {s: base[s] + shift + 0.006 * rng.normal() for s in seeds},
+                               "sym1-silu": {s: base[s] + 0.0005 * rng.normal() for s in seeds},
+                               "kv-relu": {s: base[s] + 3 * shift + 0.006 * rng.normal() for s in seeds}})
+    return res
+
+
+def test_extension_tests_read_the_committed_twenty_seed_declaration_against_scipy():
+    from scipy.stats import nct, t as student_t
+
+    decls = load_declarations(FOLDER)
+    per = {k: decls[k] for k in ("lm-compute-gated-vs-kv", "lm-compute-p1-symmetrized", "lm-compute-p1-symmetric")}
+    ext = decls["lm24k-twenty-seeds"]
+    res = _three_budgets(np.random.default_rng(1))
+    out = extension_tests(ext, per, res, 24000, seeds=range(20), new_seeds=range(10, 20))
+    rows = {r["id"]: r for r in out["rows"]}
+    assert set(rows) == {"p1-symmetrized", "p1-symmetric", "gated-vs-kv"}
+    assert rows["p1-symmetrized"]["b"] == "symgated1-silu" and rows["p1-symmetric"]["b"] == "sym1-silu"
+
+    def vals(steps, fam, seeds):
+        by = {r["seed"]: r["test_loss"] for r in res[steps]["runs"] if r["family"] == fam}
+        return [by[s] for s in seeds]
+
+    # the nine-member family: scipy's paired t-tests, Holm by hand
+    members = [(steps, b) for b in ("kv-relu", "symgated1-silu", "sym1-silu") for steps in (1500, 6000, 24000)]
+    ps = [ttest_rel(vals(s, "gated1-silu", range(20 if s == 24000 else 10)),
+                    vals(s, b, range(20 if s == 24000 else 10))).pvalue for s, b in members]
+    adj = dict(zip(members, _holm_by_hand(ps)))
+    for r in rows.values():
+        assert r["n"] == 20 and r["holm_m"] == 9
+        assert r["t_p"] == pytest.approx(ttest_rel(vals(24000, "gated1-silu", range(20)),
+                                                   vals(24000, r["b"], range(20))).pvalue, rel=1e-9)
+        assert r["holm_p"] == pytest.approx(adj[24000, r["b"]], rel=1e-9)
+        # mde: a true difference of mde gives power 0.8 for a two-sided test at 0.05/9 (noncentral t)
+        crit = student_t.ppf(1 - 0.05 / 9 / 2, 19)
+        nc = r["mde"] / (r["sd_diff"] / math.sqrt(20))
+        assert 1 - nct.cdf(crit, 19, nc) + nct.cdf(-crit, 19, nc) == pytest.approx(0.8, abs=0.01)
+    assert rows["gated-vs-kv"]["verdict"] == "a lower"
+    # the replication: seeds 10-19 alone, Holm over the three
+    rep = {r["id"]: r for r in out["replication"]}
+    rps = [ttest_rel(vals(24000, "gated1-silu", range(10, 20)), vals(24000, rep[k]["b"], range(10, 20))).pvalue
+           for k in rows]
+    for k, p, h in zip(rows, rps, _holm_by_hand(rps)):
+        assert rep[k]["n"] == 10 and rep[k]["t_p"] == pytest.approx(p, rel=1e-9)
+        assert rep[k]["holm_p"] == pytest.approx(h, rel=1e-9)
+        assert rep[k]["same_sign"] == (np.sign(rep[k]["mean_diff"]) == np.sign(rows[k]["mean_diff"]))
+        assert "verdict" not in rep[k]
+
+
+def test_extension_tests_refuse_a_partial_grid_or_an_undeclared_comparison():
+    decls = load_declarations(FOLDER)
+    per = {k: decls[k] for k in ("lm-compute-gated-vs-kv", "lm-compute-p1-symmetrized", "lm-compute-p1-symmetric")}
+    ext = decls["lm24k-twenty-seeds"]
+    res = _three_budgets(np.random.default_rng(2), new_budget_seeds=range(17))
+    with pytest.raises(ValueError, match=r"missing \[17, 18, 19\]"):
+        extension_tests(ext, per, res, 24000, seeds=range(20), new_seeds=range(10, 20))
+    res = _three_budgets(np.random.default_rng(2))
+    with pytest.raises(KeyError, match="not one of the per-budget"):
+        extension_tests(ext, {k: per[k] for k in ("lm-compute-gated-vs-kv",)}, res, 24000, range(20), range(10, 20))
+    with pytest.raises(ValueError, match="subset"):
+        extension_tests(ext, per, res, 24000, seeds=range(20), new_seeds=range(15, 25))

@@ -26,13 +26,13 @@ import json
 import math
 import subprocess
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 from .runner import values_by_seed
-from ..runbase.stats import holm, mean_sd, t_interval, t_test, tost, wilcoxon_test
+from ..runbase.stats import detectable_difference, holm, mean_sd, t_interval, t_test, tost, wilcoxon_test
 
-__all__ = ["load_declarations", "declaration_commit", "commit_order", "budget_tests", "trend_tests",
-           "compute_multiplier", "verdict", "trend_verdict"]
+__all__ = ["load_declarations", "declaration_commit", "commit_order", "budget_tests", "extension_tests",
+           "trend_tests", "compute_multiplier", "verdict", "trend_verdict"]
 
 
 def load_declarations(folder, prefix: str = "") -> dict[str, dict]:
@@ -147,6 +147,62 @@ def budget_tests(declarations: Mapping[str, dict], results_by_steps: Mapping[int
         r["verdict"] = verdict(p, r["tost_p"], r["mean_diff"], r["alpha"])
         r["wilcoxon_agrees"] = (r["t_p"] < r["alpha"]) == (r["wilcoxon_p"] < r["alpha"])
     return rows
+
+
+def extension_tests(extension: dict, per_budget: Mapping[str, dict], results_by_steps: Mapping[int, dict],
+                    steps: int, seeds: Sequence[int], new_seeds: Sequence[int], power: float = 0.8) -> dict:
+    """A declared re-test of one budget on more seeds (``lm24k-twenty-seeds.json``).
+
+    ``extension["comparisons"]`` (each ``{"id", "a", "b"}``) are read at ``steps`` on all of
+    ``seeds``, inside the Holm family of ``per_budget`` (the declarations whose family the
+    extension keeps: every other budget enters as stored in ``results_by_steps``). Every
+    family of the comparisons must have exactly ``seeds`` at ``steps``: a partial grid
+    raises, so nothing is read before the runs are complete.
+
+    Returns ``{"rows", "replication", "family"}``:
+
+    - ``rows``: one :func:`budget_tests` row per comparison (``id`` the extension's), with
+      ``mde``, the difference the paired t-test detects with probability ``power`` at the
+      family's strictest Holm level α/m;
+    - ``replication``: the same comparisons on ``new_seeds`` alone, Holm over the
+      comparisons: ``n``, ``mean_diff``, ``ci``, ``t_p``, ``wilcoxon_p``, ``holm_p``,
+      ``same_sign`` (as the row on all seeds); a companion, so it carries no verdict;
+    - ``family``: every row of the Holm family (all budgets).
+    """
+    seeds, new_seeds = sorted(seeds), sorted(new_seeds)
+    if not set(new_seeds) <= set(seeds) or not new_seeds:
+        raise ValueError(f"new_seeds {new_seeds} must be a non-empty subset of seeds {seeds}")
+    if steps not in results_by_steps:
+        raise KeyError(f"no results at {steps} steps; stored budgets: {sorted(results_by_steps)}")
+    by_pair = {(d["comparison"]["a"]["family"], d["comparison"]["b"]["family"]): k for k, d in per_budget.items()}
+    keys = {}
+    for comp in extension["comparisons"]:
+        pair = (comp["a"]["family"], comp["b"]["family"])
+        if pair not in by_pair:
+            raise KeyError(f"comparison {comp['id']!r} ({pair[0]} vs {pair[1]}) is not one of the per-budget "
+                           f"declarations {sorted(per_budget)}")
+        for fam in pair:
+            have = sorted(values_by_seed(results_by_steps[steps], extension["metric"], family=fam))
+            if have != seeds:
+                missing = sorted(set(seeds) - set(have))
+                raise ValueError(f"{fam} at {steps} steps has seeds {have}; the declared test reads {seeds}"
+                                 + (f" (missing {missing})" if missing else ""))
+        keys[comp["id"]] = by_pair[pair]
+    family = budget_tests(per_budget, results_by_steps)
+    at = {r["id"]: r for r in family if r["steps"] == steps}
+    rows, rep = [], []
+    for cid, key in keys.items():
+        r = {**at[key], "id": cid, "declaration": key}
+        r["mde"] = detectable_difference(r["sd_diff"], r["n"], alpha=r["alpha"] / r["holm_m"], power=power)
+        rows.append(r)
+        new = [d for s, d in zip(r["seeds"], r["diffs"]) if s in set(new_seeds)]
+        mu, _ = mean_sd(new)
+        rep.append({"id": cid, "a": r["a"], "b": r["b"], "steps": steps, "n": len(new), "mean_diff": mu,
+                    "ci": t_interval(new), "t_p": t_test(new), "wilcoxon_p": wilcoxon_test(new),
+                    "same_sign": (mu > 0) == (r["mean_diff"] > 0), "seeds": new_seeds, "diffs": new})
+    for r, p in zip(rep, holm([r["t_p"] for r in rep])):
+        r["holm_p"] = p
+    return {"rows": rows, "replication": rep, "family": family}
 
 
 def _slope(xs: list[float], ys: list[float]) -> float:
