@@ -63,6 +63,17 @@ def test_arms_seeds_texts_and_curves():
     assert R.original_loss(res, "code") == pytest.approx(2.5)
 
 
+def test_closed_at_reads_the_construction():
+    res = results()
+    # the gap decays linearly from 2.0 to 0.25 (seed 1) over 300 steps: at step 50 it is
+    # 2.0 - 1.75 / 6, so the share closed is (1.75 / 6) / 2.0
+    assert R.closed_at(res, "symmetrized", 1, 50, "code") == pytest.approx(1.75 / 6 / 2.0, abs=1e-12)
+    assert R.closed_at(res, "symmetrized", 0, 300) == pytest.approx(1 - 0.3 / 2.0, abs=1e-12)
+    assert R.closed_at(res, "symmetrized", 0, 0) == 0.0
+    with pytest.raises(ValueError, match="step 25 was not evaluated"):
+        R.closed_at(res, "symmetrized", 0, 25)
+
+
 def test_gap_summary_reads_the_construction():
     g = R.gap_summary(results(), "symmetrized")
     assert g["seeds"] == [0, 1]

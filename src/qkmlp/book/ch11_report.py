@@ -24,7 +24,7 @@ from typing import Optional
 
 import numpy as np
 
-__all__ = ["load_retrain", "arms", "seeds", "texts", "run_of", "curve", "gap_curve", "original_loss",
+__all__ = ["load_retrain", "arms", "seeds", "texts", "run_of", "curve", "gap_curve", "closed_at", "original_loss",
            "window_gap", "gap_summary", "recovery_rows", "schedule_at", "shrink_per_full_rate", "is_matched_control", "matched_status",
            "matched_control", "MATCHED_VERDICTS"]
 
@@ -97,6 +97,18 @@ def gap_curve(results: dict, arm: str, seed: int, text: Optional[str] = None) ->
     if not np.array_equal(s, s0):
         raise ValueError(f"arm {arm!r} and the control were evaluated at different steps for seed {seed}")
     return s, a - c
+
+
+def closed_at(results: dict, arm: str, seed: int, step: int, text: Optional[str] = None) -> float:
+    """The share of one seed's starting gap (arm − control at step 0) closed by ``step``:
+    1 − gap(step) / gap(0). ``step`` must be one of the evaluated steps."""
+    s, g = gap_curve(results, arm, seed, text)
+    hit = np.flatnonzero(s == step)
+    if not hit.size:
+        raise ValueError(f"step {step} was not evaluated; evaluated steps: {s.tolist()}")
+    if g[0] == 0:
+        raise ValueError(f"arm {arm!r}, seed {seed}: no gap at step 0, so no share of it can close")
+    return float(1 - g[hit[0]] / g[0])
 
 
 def original_loss(results: dict, text: Optional[str] = None) -> float:
