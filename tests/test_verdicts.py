@@ -295,3 +295,36 @@ def test_share_kept_is_one_minus_the_ratio_of_the_paired_means():
         verdicts.share_kept(rows[:1])
     with pytest.raises(ValueError, match="tie exactly"):
         verdicts.share_kept([{**rows[0], "mean_diff": 0.0}, rows[1]])
+
+
+def test_extension_table_reads_a_constructed_re_test():
+    from qkmlp.experiments.declared import extension_tests, load_declarations
+
+    rng = np.random.default_rng(3)
+    res = {}
+    for steps, seeds in ((1500, range(10)), (6000, range(10)), (24000, range(20))):
+        base = {s: 1.6 + 0.02 * rng.normal() for s in seeds}
+        # seeds 10-19 of the last budget flip the symmetrised control's sign: 'opposite sign'
+        sym = {s: base[s] + (0.01 if s < 10 else -0.004) + 0.002 * rng.normal() for s in seeds}
+        res[steps] = {"meta": {"metric": "test_loss"},
+                      "runs": [{"family": f, "seed": s, "test_loss": v}
+                               for f, by in (("gated1-silu", base), ("symgated1-silu", sym),
+                                             ("sym1-silu", {s: base[s] + 0.02 * rng.normal() for s in seeds}),
+                                             ("kv-relu", {s: base[s] + 0.05 + 0.003 * rng.normal() for s in seeds}))
+                               for s, v in by.items()]}
+    decls = load_declarations("book/data/experiments/declared")
+    per = {k: decls[k] for k in ("lm-compute-gated-vs-kv", "lm-compute-p1-symmetrized", "lm-compute-p1-symmetric")}
+    out = extension_tests(decls["lm24k-twenty-seeds"], per, res, 24000, range(20), range(10, 20))
+    labels = {"kv-relu": "key-value", "symgated1-silu": "symmetrised", "sym1-silu": "symmetric"}
+    head, body = verdicts.extension_table(out, labels)
+    assert head[2] == "SwiGLU − control, 20 seeds (95 % interval)" and head[4] == "seeds 10–19 alone (replication)"
+    by = {r["id"]: (r, b) for r, b in zip(out["rows"], body)}
+    r, b = by["gated-vs-kv"]
+    assert b[0] == "SwiGLU lower" and b[4].endswith("same sign") and "(detectable" not in b[2]
+    r, b = by["p1-symmetrized"]
+    rep = {x["id"]: x for x in out["replication"]}["p1-symmetrized"]
+    assert r["mean_diff"] < 0 < rep["mean_diff"] and b[4].endswith("opposite sign")
+    assert b[3] == f"{r['holm_p']:.3f} / {r['t_p']:.3f} / {r['wilcoxon_p']:.3f}" + (
+        " (disagrees with t)" if (r["t_p"] < 0.05) != (r["wilcoxon_p"] < 0.05) else "")
+    r, b = by["p1-symmetric"]
+    assert b[0] == "not resolved" and f"(detectable {r['mde']:.3f})" in b[2]

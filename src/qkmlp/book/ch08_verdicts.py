@@ -31,7 +31,7 @@ from ..runbase.stats import detectable_difference, holm, tost
 
 __all__ = ["family_tests", "verdict", "signed", "interval", "gain_cell", "verdict_cell", "breakable", "family_table",
            "declared_steps", "budget_rows", "budget_table", "budget_p_table", "trend_status", "multiplier_status",
-           "status_text", "share_kept", "NBSP", "MINUS"]
+           "status_text", "share_kept", "extension_table", "NBSP", "MINUS"]
 
 NBSP = "\u00a0"
 MINUS = "\u2212"
@@ -249,6 +249,32 @@ def budget_p_table(rows: list[dict], labels: Mapping[str, str]) -> tuple[list[st
         body.append([breakable(f"{labels[r['b']]}, {_steps(r['steps'])}"), f"{r['holm_p']:.3f}", f"{r['t_p']:.3f}",
                      w, f"{r['tost_p']:.3f}"])
     return ["against, steps", "t, Holm", "t", "Wilcoxon", "TOST"], body
+
+
+def extension_table(out: dict, labels: Mapping[str, str], a: str = "SwiGLU",
+                    digits: int = 3) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of a declared re-test on more seeds
+    (:func:`qkmlp.experiments.declared.extension_tests`): per comparison the verdict, the
+    gap on all seeds with its interval (and, unresolved, the detectable difference), the
+    p-values (t after Holm over the family and before; Wilcoxon, flagged where it disagrees
+    with t at α before correction) and the replication on the new seeds alone, its gap,
+    interval and whether its sign is the full test's."""
+    _, main = budget_table(out["rows"], labels, a, digits)
+    rep = {r["id"]: r for r in out["replication"]}
+    body = []
+    for r, (words, what, cell) in zip(out["rows"], main):
+        w = f"{r['wilcoxon_p']:.3f}"
+        if (r["t_p"] < r["alpha"]) != (r["wilcoxon_p"] < r["alpha"]):
+            w += " (disagrees with t)"
+        x = rep[r["id"]]
+        sign = "same sign" if x["same_sign"] else "opposite sign"
+        body.append([words, what, cell, f"{r['holm_p']:.3f} / {r['t_p']:.3f} / {w}",
+                     f"{gain_cell(x, digits)}, {sign}"])
+    seeds = out["replication"][0]["seeds"] if out["replication"] else []
+    new = f"seeds {seeds[0]}–{seeds[-1]} alone" if seeds else "new seeds alone"
+    n = out["rows"][0]["n"] if out["rows"] else 0
+    return (["verdict", f"{a} against", f"{a} − control, {n} seeds (95 % interval)", "p: t Holm / t / Wilcoxon",
+             f"{new} (replication)"], body)
 
 
 def _steps(n: int) -> str:
