@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from qkmlp import GatedMLP
-from qkmlp.pretrained import (gauge_balanced, gauge_statistics, mean_input_probes, pair_distance,
+from qkmlp.pretrained import (alignment_rank, gauge_balanced, gauge_statistics, mean_input_probes, pair_distance,
                               partially_swapped, residual_outliers, unit_peaks, variant, weight_probes)
 from qkmlp.pretrained.outliers import MASSIVE_ABS  # noqa: F401
 from qkmlp.pretrained.probes import mean_row_ratio
@@ -179,6 +179,20 @@ def test_pair_distance_and_partial_swap():
     torch.testing.assert_close(partially_swapped(g, torch.ones(4, dtype=torch.bool))(x), variant(g, "swap")(x))
     with pytest.raises(IndexError):
         partially_swapped(g, [4])
+
+
+def test_alignment_rank_orders_units_by_abs_cosine():
+    g = layer(d=5, m=4, seed=4)
+    with torch.no_grad():
+        g.key[1].copy_(-2 * g.query[1])              # |cos| = 1: the most aligned, whatever the sign
+        g.key[3].copy_(g.query[3] + 1e-3 * torch.ones(5, dtype=F64))
+    q, k = g.query[:, 0].detach(), g.key[:, 0].detach()
+    cos = [abs(float(q[j] @ k[j]) / float(q[j].norm() * k[j].norm())) for j in range(4)]
+    want = {j: 1 + sum(c > cos[j] for c in cos) for j in range(4)}
+    assert [alignment_rank(g, j) for j in range(4)] == [want[j] for j in range(4)]
+    assert alignment_rank(g, 1) == 1 and alignment_rank(g, 3) == 2
+    with pytest.raises(IndexError, match="out of range"):
+        alignment_rank(g, 4)
 
 
 transformers = pytest.importorskip("transformers", reason="transformers is pinned in requirements.txt")

@@ -29,7 +29,7 @@ from .report import all_changes, layer_changes, load_results, loss_change, rerun
 from .surgery import (PARAMETRISED, VARIANTS, NoMLP, decoder_layers, gated_mlps, gauge_balanced, mlp_weights,
                       mlps_replaced, replace_mlps, use_gated_mlps, variant)
 from .texts import TEXTS, text, text_sha256
-from .units import mlp_output_grads, pair_distance, partially_swapped, unit_swap_costs
+from .units import alignment_rank, mlp_output_grads, pair_distance, partially_swapped, unit_swap_costs
 
 __all__ = [
     "load_smollm2", "load_model", "gguf_path", "cache_root", "cached_model_dir",
@@ -39,6 +39,6 @@ __all__ = [
     "pydoc_topics_text", "heldout_windows", "window_losses", "layer_inputs", "tail_losses",
     "pair_geometry", "shuffled_pairs", "sym_eigenvalues", "input_statistics",
     "weight_probes", "mean_input_probes", "gauge_statistics", "residual_outliers", "unit_peaks",
-    "pair_distance", "mlp_output_grads", "unit_swap_costs", "partially_swapped",
+    "pair_distance", "alignment_rank", "mlp_output_grads", "unit_swap_costs", "partially_swapped",
     "load_results", "loss_change", "layer_changes", "all_changes", "rerun_slice",
 ]

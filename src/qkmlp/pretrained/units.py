@@ -24,7 +24,7 @@ from ..layers import GatedMLP
 from .heldout import nll_from_hidden
 from .surgery import decoder_layers
 
-__all__ = ["pair_distance", "mlp_output_grads", "unit_swap_costs", "partially_swapped"]
+__all__ = ["pair_distance", "alignment_rank", "mlp_output_grads", "unit_swap_costs", "partially_swapped"]
 
 
 def _qk(layer: GatedMLP):
@@ -37,6 +37,16 @@ def pair_distance(layer: GatedMLP) -> torch.Tensor:
     """d_j = ‖q_j − k_j‖ / (‖q_j‖ + ‖k_j‖) per unit, (m,) float64."""
     q, k = (t.double() for t in _qk(layer))
     return (q - k).norm(dim=1) / (q.norm(dim=1) + k.norm(dim=1))
+
+
+def alignment_rank(layer: GatedMLP, unit: int) -> int:
+    """Where ``unit``'s |cos(q_j, k_j)| ranks among its layer's m units: 1 = most aligned
+    (ties share the better rank)."""
+    q, k = (t.double() for t in _qk(layer))
+    if not 0 <= unit < q.shape[0]:
+        raise IndexError(f"unit {unit} out of range for a layer of {q.shape[0]} units")
+    c = torch.nn.functional.cosine_similarity(q, k, dim=-1).abs()
+    return int((c > c[unit]).sum()) + 1
 
 
 def mlp_output_grads(model, ids: torch.Tensor, layers: Sequence[int], *, batch_size: int = 4) -> dict:
