@@ -12,6 +12,8 @@
   bilinear, symmetric rank-1 and gated units, with where σ sits).
 - :mod:`qkmlp.book.figures`: the one plotting recipe (panels that read on every screen,
   SVG rows that wrap, HTML tables).
+- :mod:`qkmlp.book.prose`: numbers in a chapter's prose, shown by MyST's ``{eval}`` role on
+  the website and in JupyterLab alike.
 - :mod:`qkmlp.book.widgets`: the live symmetry explorer of chapter 5 and the
   measurements behind it; :mod:`qkmlp.book.static_explorer`, its kernel-free HTML twin.
 - :mod:`qkmlp.book.source_archive`: the book's source as the archive the website ships
