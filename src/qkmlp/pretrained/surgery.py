@@ -38,6 +38,7 @@ the layer (q, c·k, v/c), a different function. :func:`gauge_balanced` fixes the
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from contextlib import contextmanager
 from typing import Mapping, Optional
@@ -179,6 +180,51 @@ def _source_params(mlp: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return gate, up, mlp.down_proj.weight
 
 
+def _mlp_layout(mlp: nn.Module) -> str:
+    """"split" (gate_proj, up_proj, down_proj) or "fused" (Phi-3's gate_up_proj, down_proj)."""
+    return "split" if _linear(mlp, "gate_proj") is not None and _linear(mlp, "up_proj") is not None else "fused"
+
+
+def _save_as_hf(layout: str, activation: str, module, state_dict, prefix, local_metadata) -> None:
+    """State-dict post-hook of a converted layer: its weights under the keys of the module it
+    replaced (``gate_proj``/``up_proj``/``down_proj``, or Phi-3's fused ``gate_up_proj``), so
+    ``save_pretrained`` writes a checkpoint that ``from_pretrained`` loads into the original
+    architecture with these weights (and :class:`~qkmlp.GatedMLP` loads those keys back)."""
+    if module.rank != 1 or module.activation.name != activation:
+        raise RuntimeError(
+            f"{prefix or 'this layer'}: a converted GatedMLP saves under the Hugging Face MLP's keys, which "
+            f"hold a rank-1 layer with activation {activation!r}; this one has rank {module.rank} and "
+            f"activation {module.activation.name!r}, which from_pretrained would not reproduce. Save it "
+            f"with torch.save, or put back a layer the architecture can hold")
+    q, k, v = (state_dict.pop(prefix + n) for n in ("query_weight", "key_weight", "value"))
+    if layout == "fused":
+        state_dict[prefix + "gate_up_proj.weight"] = torch.cat([q, k])
+    else:
+        state_dict[prefix + "gate_proj.weight"] = q
+        state_dict[prefix + "up_proj.weight"] = k
+    state_dict[prefix + "down_proj.weight"] = v.T.contiguous()
+
+
+def _unsaveable_mlps(model, state_dict, prefix, local_metadata) -> None:
+    """State-dict post-hook of a model whose MLPs :func:`replace_mlps` replaced: warns when a
+    decoder layer's MLP has keys Hugging Face's architecture does not hold (``from_pretrained``
+    would initialise that MLP at random and only its load report would say so)."""
+    known = {"gate_proj.weight", "up_proj.weight", "down_proj.weight", "gate_up_proj.weight"}
+    bad = []
+    for i, layer in enumerate(decoder_layers(model)):
+        head = f"{prefix}model.layers.{i}.mlp."
+        own = {k[len(head):] for k in state_dict if k.startswith(head)}
+        if not own <= known or not own:
+            bad.append(f"layer {i} ({type(layer.mlp).__name__})")
+    if bad:
+        warnings.warn(
+            f"the state dict of this model holds MLPs that its Hugging Face architecture cannot load: "
+            f"{', '.join(bad)}; from_pretrained on a checkpoint saved from it (save_pretrained) would "
+            f"initialise those MLPs at random. Put the original MLPs back first (replace_mlps(model, "
+            f"returned)), or converted GatedMLPs from use_gated_mlps / gated_mlps, which save under the "
+            f"original keys", UserWarning, stacklevel=2)
+
+
 def gated_mlps(model, *, activation: Optional[str] = None, check: bool = True) -> list[GatedMLP]:
     """One :class:`~qkmlp.GatedMLP` per decoder layer, converted from its MLP (either
     layout of :func:`mlp_weights`; copies, the model is not changed).
@@ -197,6 +243,12 @@ def gated_mlps(model, *, activation: Optional[str] = None, check: bool = True) -
     require grad as the module's gate, up and down weights do (both halves of a fused
     ``gate_up_proj`` as it does), and the layer is in training mode when the module was.
     A frozen model (``requires_grad_(False)``) gives frozen layers.
+
+    Each layer's ``state_dict()`` names its weights as the module it replaced does
+    (``gate_proj.weight``, ``up_proj.weight``, ``down_proj.weight``, or Phi-3's fused
+    ``gate_up_proj.weight``; down = ``value``ᵀ), so a model holding these layers saves with
+    ``save_pretrained`` a checkpoint that ``from_pretrained`` loads into the original
+    architecture with the same logits; the layer loads those keys back (``load_state_dict``).
     """
     act = _checked_activation(model, activation, check)
     out = []
@@ -213,6 +265,7 @@ def gated_mlps(model, *, activation: Optional[str] = None, check: bool = True) -
             p.requires_grad_(src.requires_grad)
         if check:
             _check_conversion(layer.mlp, g, i)
+        g.register_state_dict_post_hook(functools.partial(_save_as_hf, _mlp_layout(layer.mlp), act))
         out.append(g)
     return out
 
@@ -221,6 +274,10 @@ def replace_mlps(model, mlps: Mapping[int, nn.Module]) -> dict[int, nn.Module]:
     """Set ``model.model.layers[i].mlp = mlps[i]`` for every i given, in place.
 
     Returns the modules taken out, ``{i: old}``, so ``replace_mlps(model, old)`` undoes it.
+    From then on ``model.state_dict()`` (and so ``save_pretrained``) warns while an MLP holds
+    keys the Hugging Face architecture cannot load (a variant, a layer of rank > 1): a
+    checkpoint saved so would reload with that MLP at random. Converted layers
+    (:func:`gated_mlps`) save under the original keys and pass.
     """
     layers = decoder_layers(model)
     for i, m in mlps.items():
@@ -232,6 +289,9 @@ def replace_mlps(model, mlps: Mapping[int, nn.Module]) -> dict[int, nn.Module]:
     for i, m in mlps.items():
         old[i] = layers[i].mlp
         layers[i].mlp = m
+    if not getattr(model, "_qkmlp_save_check", False):
+        model.register_state_dict_post_hook(_unsaveable_mlps)
+        model._qkmlp_save_check = True
     return old
 
 
@@ -252,12 +312,16 @@ def use_gated_mlps(model, *, activation: Optional[str] = None) -> dict[int, nn.M
 
     Returns the original MLPs (``replace_mlps(model, returned)`` restores the model).
 
-    The converted model's state dict names the MLP weights ``mlp.query_weight``,
-    ``mlp.key_weight`` and ``mlp.value``; :class:`~qkmlp.GatedMLP` also loads the original
-    architecture's keys (``gate_proj``/``up_proj``/``down_proj`` or Phi-3's fused
-    ``gate_up_proj``), so ``model.load_state_dict(hf_model.state_dict())`` works strictly on
-    a converted model. Hugging Face's ``from_pretrained`` builds the original architecture:
-    load first, then convert.
+    **Saving.** The converted model's state dict names the MLP weights as the original
+    architecture does (``mlp.gate_proj.weight``, ``mlp.up_proj.weight``,
+    ``mlp.down_proj.weight``, or Phi-3's fused ``mlp.gate_up_proj.weight``), so
+    ``model.save_pretrained(folder)`` writes a Hugging Face checkpoint:
+    ``AutoModelForCausalLM.from_pretrained(folder)`` builds the original architecture with
+    the same weights and logits; call ``use_gated_mlps`` on it again to convert. A
+    :class:`~qkmlp.GatedMLP` loads those keys, so ``model.load_state_dict(sd)`` works
+    strictly on a converted model too. An MLP put in with :func:`replace_mlps` that the
+    architecture cannot hold (a variant, rank > 1) makes ``state_dict()`` warn; a converted
+    layer whose rank or activation was changed afterwards makes it raise.
     """
     return replace_mlps(model, dict(enumerate(gated_mlps(model, activation=activation))))
 
