@@ -79,11 +79,28 @@ def decoder_layers(model) -> nn.ModuleList:
     return layers
 
 
+def _declared_activation(model) -> tuple[Optional[str], Optional[str]]:
+    """``(attribute, name)`` of the activation ``model.config`` declares: ``hidden_activation``
+    (Gemma 2, VaultGemma, Gemma 3n), then ``hidden_act`` (Llama, Qwen2, Gemma, Phi-3, ...),
+    the order :func:`~qkmlp.activations.activation_of_mlp` (``GatedMLP.from_mlp``) reads;
+    ``(None, None)`` when neither is a string."""
+    config = getattr(model, "config", None)
+    for attr in ("hidden_activation", "hidden_act"):
+        v = getattr(config, attr, None)
+        if isinstance(v, str):
+            return attr, v
+    return None, None
+
+
 def _hidden_act(model) -> str:
-    act = getattr(getattr(model, "config", None), "hidden_act", None)
-    if not isinstance(act, str):
-        raise ValueError("model.config.hidden_act is missing: pass activation= explicitly")
-    return get_activation(act).name
+    attr, act = _declared_activation(model)
+    if act is None:
+        raise ValueError("model.config declares no activation (neither hidden_activation nor hidden_act "
+                         "is set): pass activation= explicitly")
+    try:
+        return get_activation(act).name
+    except ValueError as e:
+        raise ValueError(f"model.config.{attr} = {act!r}: {e}; pass activation= explicitly") from None
 
 
 def _linear(mlp, name):
@@ -137,20 +154,21 @@ def _check_conversion(mlp: nn.Module, g: GatedMLP, index: int) -> None:
     if not err <= tol * scale:
         raise ValueError(f"layer {index}: the converted GatedMLP differs from the model's "
                          f"{type(mlp).__name__} by {err:.3g} (largest output {scale:.3g}); the "
-                         f"activation {g.activation.name!r} (from config.hidden_act or activation=) "
+                         f"activation {g.activation.name!r} (from the config or activation=) "
                          "or the weight layout does not match the module")
 
 
 def _checked_activation(model, activation, check: bool) -> str:
-    """The activation name to convert with: ``model.config.hidden_act``, or ``activation``
-    when given. A given activation that differs from a declared ``config.hidden_act`` is
+    """The activation name to convert with: the one ``model.config`` declares
+    (``hidden_activation``, else ``hidden_act``), or ``activation`` when given. A given
+    activation that differs from the declared one is
     warned about: with ``check`` the comparison with the module's own output then decides
     (and raises if the module does not compute it); ``check=False`` is the explicit
     override (a deliberate other σ on the model's weights, as the book's experiments use)."""
     if activation is None:
         return _hidden_act(model)
     act = get_activation(activation).name
-    declared = getattr(getattr(model, "config", None), "hidden_act", None)
+    attr, declared = _declared_activation(model)
     try:
         declared_name = get_activation(declared).name if isinstance(declared, str) else None
     except ValueError:                      # a name qkmlp does not know: nothing to compare
@@ -158,13 +176,13 @@ def _checked_activation(model, activation, check: bool) -> str:
     if declared_name is not None and declared_name != act:
         if not check:
             warnings.warn(
-                f"activation={activation!r} ({act}) differs from the model's config.hidden_act = "
+                f"activation={activation!r} ({act}) differs from the model's config.{attr} = "
                 f"{declared!r} ({declared_name}) and check=False: the converted layers compute {act} on "
                 f"the model's weights, not the model's MLPs (drop activation= to convert the model as "
                 f"it is)", UserWarning, stacklevel=3)
             return act
         warnings.warn(
-            f"activation={activation!r} ({act}) differs from the model's config.hidden_act = {declared!r} "
+            f"activation={activation!r} ({act}) differs from the model's config.{attr} = {declared!r} "
             f"({declared_name}); each converted layer is compared with the model's own MLP, which "
             f"raises if the module does not compute {act}", UserWarning, stacklevel=3)
     return act
@@ -229,11 +247,13 @@ def gated_mlps(model, *, activation: Optional[str] = None, check: bool = True) -
     """One :class:`~qkmlp.GatedMLP` per decoder layer, converted from its MLP (either
     layout of :func:`mlp_weights`; copies, the model is not changed).
 
-    ``activation`` defaults to ``model.config.hidden_act`` (``silu`` for SmolLM2). With
+    ``activation`` defaults to the one ``model.config`` declares: ``hidden_activation``
+    (Gemma 2, VaultGemma, Gemma 3n), else ``hidden_act`` (``silu`` for SmolLM2), read in the
+    order ``GatedMLP.from_mlp`` reads them. With
     ``check`` (default) each converted layer is compared with the model's own MLP on four
     random inputs, whether ``activation`` was given or read from the config, and a
     mismatch (a wrong activation, an unknown layout) raises ``ValueError``: a conversion is
-    never silently wrong. A given ``activation`` that differs from ``config.hidden_act``
+    never silently wrong. A given ``activation`` that differs from the declared one
     warns (``UserWarning``) and is then compared like any other; ``check=False`` with such
     an activation is the explicit override that builds layers computing another σ on the
     model's weights on purpose (warned about, not compared). A layer whose MLP is not a
