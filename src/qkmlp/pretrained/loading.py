@@ -149,6 +149,11 @@ def load_smollm2(dtype: torch.dtype = torch.float32, *, cache: bool = True,
     dequantises the ``.gguf`` (slow) and stores the float32 model under
     :func:`cached_model_dir`; later calls load that copy (a few seconds). With
     ``cache=False`` the ``.gguf`` is read directly and nothing is written.
+
+    The same model and tokenizer as ``load_model()`` (no path), which returns a third item
+    as well, ``source``: where the weights came from, with the file's SHA-256, as the
+    stored analyses record it. ``model, tokenizer = load_smollm2()`` and
+    ``model, tokenizer, source = load_model()`` load the same weights.
     """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32), got {dtype!r}")
@@ -179,6 +184,11 @@ def _folder_source(folder: Path) -> dict:
 
 def load_model(path=None, *, dtype: torch.dtype = torch.float32, device: Optional[str] = None):
     """Any local gated causal LM: ``(model, tokenizer, source)``, offline.
+
+    Three values, where :func:`load_smollm2` returns two: ``model`` and ``tokenizer`` as
+    there, and ``source`` (a dict: ``kind`` "package", "folder" or "gguf", the path or
+    package, and SHA-256 checksums of the files), which ``python -m qkmlp.pretrained``
+    stores in its JSON. ``load_model()[:2]`` is ``load_smollm2()``'s pair.
 
     ``path`` is ``None`` (SmolLM2-135M, :func:`load_smollm2`), a folder in Hugging Face's
     format (``config.json``, weights, tokenizer files), or a ``.gguf`` file, which is

@@ -32,11 +32,12 @@ from ..runbase.records import load_record, save_record
 from .anatomy import cos_histogram, pair_geometry, shuffled_pairs, summarise
 from .heldout import heldout_windows
 from .probes import gauge_statistics, weight_probes
-from .surgery import _declared_activation, decoder_layers, gated_mlps, mlps_replaced, q4_steps, with_q4_noise
+from .surgery import (Q4_BLOCK, _declared_activation, decoder_layers, gated_mlps, mlps_replaced, q4_steps,
+                      with_q4_noise)
 from .textrun import expand, key, layer_part, merge, prepare, spearman, unit_part
 
 __all__ = ["PROMPTS", "TEXTS", "ALPHAS_ALL", "ALPHAS_LAYER", "TOWARD_SWAP", "LAYER_KINDS", "ALL_KINDS", "OTHER_PLAN",
-           "run", "model_part", "generations", "logit_check", "spearman", "key", "default_unit_layers"]
+           "run", "model_part", "generations", "logit_check", "spearman", "key", "default_unit_layers", "q4_grid"]
 
 PROMPTS = ("The capital of France is", "def fibonacci(n):", "Water boils at a temperature of")
 #: The held-out texts of the stored analysis (names of :data:`qkmlp.pretrained.texts.TEXTS`):
@@ -262,6 +263,38 @@ def _do(job: dict, model, tokenizer, custom: Mapping[str, str]) -> dict:
     return res, timing
 
 
+def q4_grid(*widths) -> bool:
+    """Whether every width (d_model, d_hidden; an int or a per-layer list) is a multiple of
+    :data:`~qkmlp.pretrained.surgery.Q4_BLOCK`, as the 4-bit (Q4_1) noise and grid check need."""
+    flat = [w for v in widths for w in (v if isinstance(v, (list, tuple)) else [v])]
+    return all(isinstance(w, int) and w % Q4_BLOCK == 0 for w in flat)
+
+
+class _Progress:
+    """One line per finished job: how many are done and left, and an estimate of the time
+    left (the mean wall time of the jobs done so far, times the jobs left, over the workers)."""
+
+    def __init__(self, total: int, workers: int, show: bool):
+        self.total, self.workers, self.show = total, max(1, workers), show
+        self.start, self.n = time.perf_counter(), 0
+
+    def done(self, job: dict) -> None:
+        self.n += 1
+        if not self.show:
+            return
+        spent = time.perf_counter() - self.start
+        left = self.total - self.n
+        eta = spent / self.n * left
+        what = " ".join(str(v) for v in (job["kind"], job.get("text") or "", job.get("layers") or "") if v != "")
+        finish = time.strftime("%H:%M", time.localtime(time.time() + eta))
+        print(f"[{time.strftime('%H:%M:%S')}] {self.n}/{self.total} jobs done ({what}), {left} left; "
+              f"{_duration(spent)} so far, about {_duration(eta)} to go (~{finish})", file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
 def _pool_job(job: dict, model_path, dtype_name: str, threads: int, custom: Mapping[str, str]) -> dict:
     torch.set_num_threads(threads)
     model, tok = _worker_model(model_path, getattr(torch, dtype_name))
@@ -345,27 +378,38 @@ def run(*, model=None, tokenizer=None, model_path=None, texts: Union[Sequence[st
         if unit_layers:
             job_list.append({"kind": "units", "text": name, "config": config})
     job_list.append({"kind": "model", "config": config})
+    if not q4_grid(cfg.hidden_size, cfg.intermediate_size):
+        for j in job_list:                 # the Q4_1 noise needs whole blocks of 32 weights
+            j.pop("q4_noise", None)
+        if progress:
+            print(f"d_model {cfg.hidden_size}, d_hidden {cfg.intermediate_size}: not all multiples of "
+                  f"{Q4_BLOCK}, so no 4-bit (Q4_1) noise job and no 4-bit grid check (they need whole "
+                  f"blocks of {Q4_BLOCK} weights)", file=sys.stderr, flush=True)
     store = _JobCache(cache, source, machine.get("git_commit"), custom) if cache is not None else None
     outputs = [store.get(j) if store else None for j in job_list]
     todo = [i for i, o in enumerate(outputs) if o is None]
     if progress:
         print(f"{len(job_list)} jobs ({len(job_list) - len(todo)} cached) on {jobs} process(es)",
               file=sys.stderr, flush=True)
+    clock = _Progress(len(todo), jobs, progress)
     if jobs <= 1:
         for i in todo:
             outputs[i] = _do(job_list[i], model, tokenizer, custom)
+            clock.done(job_list[i])
             if store:
                 store.put(job_list[i], outputs[i])
     elif todo:
         import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
         dtype_name = str(next(model.parameters()).dtype).replace("torch.", "")
         del model
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
-            futures = {i: ex.submit(_pool_job, job_list[i], model_path, dtype_name, 1, custom) for i in todo}
-            for i, f in futures.items():
+            futures = {ex.submit(_pool_job, job_list[i], model_path, dtype_name, 1, custom): i for i in todo}
+            for f in as_completed(futures):
+                i = futures[f]
                 outputs[i] = f.result()
+                clock.done(job_list[i])
                 if store:
                     store.put(job_list[i], outputs[i])
 
