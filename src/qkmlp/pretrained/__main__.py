@@ -8,6 +8,8 @@ stored file took 3,747 s of wall time with ``--jobs 2`` on two cores of an AMD E
     nice -n 5 python -m qkmlp.pretrained --jobs 2 --cache ~/.cache/qkmlp/pretrained_jobs \\
         --out book/data/pretrained/smollm2.json
 
+On a GPU: ``--device cuda`` (``--dtype bfloat16`` halves the memory); a model larger than
+one GPU: ``--device-map auto`` (accelerate places its layers over the GPUs and the CPU).
 Progress goes to stderr: one line per finished job, with the jobs done and left and an
 estimate of the time left. The folder of ``--out`` is created when it does not exist.
 
@@ -32,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from .loading import DEVICE_MAPS, DTYPES, check_device
 from .runner import ALPHAS_ALL, ALPHAS_LAYER, TEXTS, TOWARD_SWAP, run
 
 
@@ -73,7 +76,20 @@ def main(argv=None) -> int:
     p.add_argument("--cache", default=None, metavar="DIR",
                    help="keep each finished job here; a rerun (same code, model and settings) reuses them")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
+                   help="the weights' dtype (default float32)")
+    p.add_argument("--device", default=None,
+                   help="cpu (default), cuda, cuda:N or mps: where the model runs (checked at once)")
+    p.add_argument("--device-map", default=None, choices=DEVICE_MAPS,
+                   help="place a model larger than one device over all GPUs (and CPU) with accelerate "
+                        "(from_pretrained's device_map); not with --device")
     args = p.parse_args(argv)
+    try:
+        check_device(args.device)
+    except (ValueError, RuntimeError) as e:
+        p.error(f"--device: {e}")
+    if args.device is not None and args.device_map is not None:
+        p.error("give --device or --device-map, not both (--device-map places the layers itself)")
     cores = os.cpu_count() or 1
     if not 1 <= args.threads <= cores:
         p.error(f"--threads must be between 1 and {cores} (this machine's cores), got {args.threads}")
@@ -109,7 +125,8 @@ def main(argv=None) -> int:
                  length=args.length, batch_size=args.batch_size, bos=False if args.no_bos else None,
                  alphas_all=_floats(args.alphas_all), alphas_layer=_floats(args.alphas_layer),
                  toward_swap=_floats(args.toward_swap), layers=layers, unit_layers=unit_layers,
-                 jobs=args.jobs, cache=args.cache, progress=not args.no_progress, command=command)
+                 jobs=args.jobs, cache=args.cache, progress=not args.no_progress, command=command,
+                 dtype=DTYPES[args.dtype], device=args.device, device_map=args.device_map)
     save_results(result, Path(args.out))
     print("\n".join(summary_lines(result)))
     print(f"wrote {args.out} ({result['meta']['wall_s'] / 60:.1f} min)")

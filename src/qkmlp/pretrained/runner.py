@@ -69,9 +69,11 @@ def default_unit_layers(n_layers: int) -> list[int]:
 @torch.no_grad()
 def generations(model, tokenizer, prompts: Sequence[str], max_new_tokens: int) -> list[dict]:
     """Greedy continuations: ``[{"prompt", "ids", "text"}]`` (new tokens only)."""
+    from .heldout import input_device
+
     out = []
     for p in prompts:
-        enc = tokenizer(p, return_tensors="pt")
+        enc = {k: v.to(input_device(model)) for k, v in tokenizer(p, return_tensors="pt").items()}
         ids = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                              pad_token_id=tokenizer.pad_token_id)[0, enc["input_ids"].shape[1]:]
         out.append({"prompt": p, "ids": ids.tolist(), "text": tokenizer.decode(ids)})
@@ -85,6 +87,9 @@ def logit_check(model, ids: torch.Tensor) -> dict:
     Returns the largest absolute difference, the largest absolute logit and whether the
     greedy (argmax) token agrees at every position; the model is left as it was.
     """
+    from .heldout import input_device
+
+    ids = ids.to(input_device(model))
     ref = model(input_ids=ids, use_cache=False).logits
     with mlps_replaced(model, dict(enumerate(gated_mlps(model)))):
         new = model(input_ids=ids, use_cache=False).logits
@@ -182,13 +187,15 @@ class _JobCache:
     """Finished jobs as JSON files in a folder, keyed by the job, the model's source, the
     texts given as strings and the code's commit (a job of other code is not reused)."""
 
-    def __init__(self, folder, source, commit, custom):
+    def __init__(self, folder, source, commit, custom, placed=None):
         from pathlib import Path
 
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.salt = {"source": source, "commit": commit,
                      "custom": {k: hashlib.sha256(v.encode()).hexdigest() for k, v in custom.items()}}
+        if placed:                          # another dtype or device: other numbers (float32 on CPU keeps its keys)
+            self.salt["placed"] = placed
 
     def _path(self, job):
         import json
@@ -217,14 +224,15 @@ class _JobCache:
 _WORKER: dict = {}
 
 
-def _worker_model(model_path, dtype):
-    k = (str(model_path), str(dtype))
+def _worker_model(model_path, dtype, device=None, device_map=None):
+    k = (str(model_path), str(dtype), str(device), str(device_map))
     if _WORKER.get("key") != k:
         from .loading import load_model
 
         _WORKER.clear()
         _WORKER["key"] = k
-        _WORKER["model"], _WORKER["tokenizer"] = load_model(model_path, dtype=dtype)[:2]
+        _WORKER["model"], _WORKER["tokenizer"] = load_model(model_path, dtype=dtype, device=device,
+                                                            device_map=device_map)[:2]
     return _WORKER["model"], _WORKER["tokenizer"]
 
 
@@ -295,9 +303,10 @@ def _duration(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
-def _pool_job(job: dict, model_path, dtype_name: str, threads: int, custom: Mapping[str, str]) -> dict:
+def _pool_job(job: dict, model_path, dtype_name: str, threads: int, custom: Mapping[str, str],
+              device=None, device_map=None) -> dict:
     torch.set_num_threads(threads)
-    model, tok = _worker_model(model_path, getattr(torch, dtype_name))
+    model, tok = _worker_model(model_path, getattr(torch, dtype_name), device, device_map)
     return _do(job, model, tok, custom)
 
 
@@ -310,7 +319,7 @@ def run(*, model=None, tokenizer=None, model_path=None, texts: Union[Sequence[st
         unit_layers: Optional[Sequence[int]] = None, prompts: Sequence[str] = PROMPTS,
         max_new_tokens: int = 16, seed: int = 0, jobs: int = 1, layer_parts: Optional[int] = None,
         other_plan: Optional[dict] = None, cache=None, progress: bool = True,
-        command: Optional[str] = None) -> dict:
+        command: Optional[str] = None, dtype: torch.dtype = torch.float32, device=None, device_map=None) -> dict:
     """Run the whole analysis and return it as a JSON-ready dict.
 
     The model is ``model`` and ``tokenizer`` if given (the tests pass a tiny random one;
@@ -327,17 +336,27 @@ def run(*, model=None, tokenizer=None, model_path=None, texts: Union[Sequence[st
     text's per-layer interventions into that many jobs (default 3·``jobs``). ``cache``, a
     folder, keeps each finished job's result (keyed by the job, the model's source and
     the code's commit), so that a rerun after an interruption only does what is missing.
+
+    ``dtype``, ``device`` and ``device_map`` go to :func:`~qkmlp.pretrained.loading.load_model`
+    (a model given as ``model`` stays where it is): the weights' dtype (float32, bfloat16,
+    float16), one device ("cpu", "cuda", "cuda:N", "mps"; checked before anything loads),
+    or accelerate's placement over several devices ("auto", ...). The token ids go to the
+    device of the model's input embedding; the checks and the JSON are the same, with
+    ``meta.dtype``, ``meta.device`` (and ``meta.device_map``) saying where it ran. The
+    float64 logit check casts the model to float64 on its device(s) and back.
     """
     from ..bench import machine_info
-    from .loading import load_model
+    from .heldout import input_device
+    from .loading import check_device, load_model
 
     start_time, start_cpu = time.perf_counter(), time.process_time()
+    check_device(device)
     machine = machine_info("cpu")         # commit and date as the run starts
     if jobs > 1 and model is not None:
         raise ValueError("jobs > 1 loads the model in each worker: pass model_path, not model")
     source = None
     if model is None:
-        model, tokenizer, source = load_model(model_path)
+        model, tokenizer, source = load_model(model_path, dtype=dtype, device=device, device_map=device_map)
     model.eval()
     custom = dict(texts) if isinstance(texts, Mapping) else {}
     names = list(texts)
@@ -385,7 +404,14 @@ def run(*, model=None, tokenizer=None, model_path=None, texts: Union[Sequence[st
             print(f"d_model {cfg.hidden_size}, d_hidden {cfg.intermediate_size}: not all multiples of "
                   f"{Q4_BLOCK}, so no 4-bit (Q4_1) noise job and no 4-bit grid check (they need whole "
                   f"blocks of {Q4_BLOCK} weights)", file=sys.stderr, flush=True)
-    store = _JobCache(cache, source, machine.get("git_commit"), custom) if cache is not None else None
+    where = {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+             "device": str(input_device(model))}
+    if device_map is not None:              # where accelerate put each part (the request, if it says none)
+        placed_map = getattr(model, "hf_device_map", None)
+        where["device_map"] = {k: str(v) for k, v in placed_map.items()} if placed_map else str(device_map)
+    placed = where if (where["dtype"], where["device"]) != ("float32", "cpu") or "device_map" in where else {}
+    store = (_JobCache(cache, source, machine.get("git_commit"), custom, placed)
+             if cache is not None else None)
     outputs = [store.get(j) if store else None for j in job_list]
     todo = [i for i, o in enumerate(outputs) if o is None]
     if progress:
@@ -405,7 +431,8 @@ def run(*, model=None, tokenizer=None, model_path=None, texts: Union[Sequence[st
         dtype_name = str(next(model.parameters()).dtype).replace("torch.", "")
         del model
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
-            futures = {ex.submit(_pool_job, job_list[i], model_path, dtype_name, 1, custom): i for i in todo}
+            futures = {ex.submit(_pool_job, job_list[i], model_path, dtype_name, 1, custom, device, device_map): i
+                       for i in todo}
             for f in as_completed(futures):
                 i = futures[f]
                 outputs[i] = f.result()
@@ -430,7 +457,7 @@ def run(*, model=None, tokenizer=None, model_path=None, texts: Union[Sequence[st
         result["texts"][name] = t
 
     result["meta"] = {
-        "command": command, "qkmlp_version": __version__, "source": source, "versions": _versions(),
+        "command": command, "qkmlp_version": __version__, "source": source, "versions": _versions(), **where,
         "machine": machine, "jobs": jobs, "wall_s": time.perf_counter() - start_time,
         "cpu_s": time.process_time() - start_cpu + (sum(t["cpu_s"] for t in timings) if jobs > 1 else 0.0),
         "job_timings": timings,

@@ -472,7 +472,7 @@ def with_q4_noise(g: GatedMLP, generator: Optional[torch.Generator] = None) -> G
 
     def noisy(w):                                # w as stored: (rows, cols), blocks along cols
         step, _ = q4_steps(w)
-        u = torch.rand(w.shape, generator=generator, dtype=torch.float64) - 0.5
+        u = (torch.rand(w.shape, generator=generator, dtype=torch.float64) - 0.5).to(w.device)
         return w + (u * step.double().repeat_interleave(Q4_BLOCK, dim=1)).to(w.dtype)
 
     out.query.copy_(noisy(g.query[:, 0]).unsqueeze(1))
