@@ -61,3 +61,49 @@ def llama_keys_to_gated(layer, state_dict, prefix: str) -> None:
     state_dict[prefix + "query_weight"] = gate
     state_dict[prefix + "key_weight"] = up
     state_dict[prefix + "value"] = down.T.contiguous() if down.dim() == 2 else down
+
+
+def rank_mismatch(layer, state_dict, prefix: str) -> list[str]:
+    """Messages for ``query_weight`` / ``key_weight`` in ``state_dict`` that hold m·r' rows of
+    another rank r' than ``layer``'s (a rank-r layer's ``load_state_dict`` adds them to
+    torch's own size-mismatch messages)."""
+    out = []
+    m, r, d = layer.d_hidden, layer.rank, layer.d_model
+    for name in ("query_weight", "key_weight"):
+        t = state_dict.get(prefix + name)
+        rows = t.shape[0] if isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape[1] == d else m * r
+        if rows != m * r:
+            other = f"a state dict of a rank-{rows // m} layer" if rows % m == 0 else "not a multiple of d_hidden"
+            out.append(f"{prefix}{name} has {rows} rows ({other}, d_hidden {m}); this {type(layer).__name__} has "
+                       f"rank {r}, so {m * r} rows: build the layer with the checkpoint's rank")
+    return out
+
+
+def _ndim_check(x: torch.Tensor, ndim: int, name: str) -> torch.Tensor:
+    if x.dim() != ndim:
+        raise RuntimeError(
+            "this " + name + " was traced (torch.jit.trace) with an input of " + str(ndim)
+            + " dimensions and is called with " + str(x.dim()) + ": a trace holds only for inputs with the "
+            "traced number of dimensions; trace again with an input of " + str(x.dim()) + " dimensions")
+    return x
+
+
+_SCRIPTED_NDIM_CHECK = None
+
+
+def traced_ndim(layer, x: torch.Tensor) -> torch.Tensor:
+    """``x``, through a TorchScript check that ``torch.jit.trace`` records: the traced layer
+    then refuses an input of another number of dimensions (which it would reshape to the
+    traced one) with a torch.jit.Error naming both, instead of a silently flattened output.
+    Outside tracing, ``x`` itself. (Scripted on first use: ``torch.jit.script`` is deprecated
+    and warns; the warning is silenced for this one check.)"""
+    global _SCRIPTED_NDIM_CHECK
+    if not torch.jit.is_tracing():
+        return x
+    if _SCRIPTED_NDIM_CHECK is None:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            _SCRIPTED_NDIM_CHECK = torch.jit.script(_ndim_check)
+    return _SCRIPTED_NDIM_CHECK(x, x.dim(), type(layer).__name__)

@@ -16,7 +16,8 @@ from typing import Callable, Optional, Union
 import torch
 import torch.nn.functional as F
 
-__all__ = ["Activation", "get_activation", "ACTIVATIONS", "ALIASES", "activation_names", "activation_of_mlp"]
+__all__ = ["Activation", "get_activation", "ACTIVATIONS", "ALIASES", "activation_names", "activation_of_mlp",
+           "without_overwrite"]
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,20 @@ def get_activation(
         f"activation must be a name ({', '.join(ACTIVATIONS)}) or a callable, "
         f"got {type(activation).__name__}"
     )
+
+
+def without_overwrite(activation: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``activation`` as a callable that leaves its argument as it was.
+
+    The registered functions (and an :class:`Activation` wrapping one) are returned as they
+    are: none writes its input. Any other callable may (``nn.ReLU(inplace=True)``,
+    ``nn.SiLU(inplace=True)``, ``nn.ELU(inplace=True)``, ...): it is applied to a copy, so a
+    formula that reads z again after σ(z) (the symmetrised gated layer reads a in σ(b)·a
+    after σ(a)) reads z, not σ(z). The copy changes no value and no gradient."""
+    fn = getattr(activation, "fn", activation) if isinstance(activation, Activation) else activation
+    if any(fn is a.fn for a in ACTIVATIONS.values()):
+        return activation
+    return lambda z: activation(z.clone())
 
 
 # --- reading σ off a module that carries it (GatedMLP.from_mlp) -------------------------

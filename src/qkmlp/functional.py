@@ -63,7 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd import forward_ad as _forward_ad
 
-from .activations import ACTIVATIONS, Activation, get_activation
+from .activations import ACTIVATIONS, Activation, get_activation, without_overwrite
 
 __all__ = [
     "FUSED_ACTIVATIONS",
@@ -693,8 +693,8 @@ def symmetric_reference(x, query, key, value, activation: Callable, m: int, r: i
 
 
 def symmetrized_reference(x, query, key, value, activation: Callable, m: int, r: int) -> torch.Tensor:
-    """Plain-autograd symmetrised gated path: Σ_s ½[σ(a_s) b_s + σ(b_s) a_s] per slot
-    (any callable σ; elementwise math in x's dtype)."""
-    cdt = x.dtype
-    a, b = _split(_project(x, query, key), m, r, cdt)
-    return _times_value((0.5 * _sum_rank(activation(a) * b + activation(b) * a)).to(x.dtype), value)
+    """Plain-autograd symmetrised gated path: Σ_s ½[σ(a_s) b_s + σ(b_s) a_s] per slot (any
+    callable σ, an in-place one on a copy: a and b are read again after σ; math in x's dtype)."""
+    a, b = _split(_project(x, query, key), m, r, x.dtype)
+    act = without_overwrite(activation)
+    return _times_value((0.5 * _sum_rank(act(a) * b + act(b) * a)).to(x.dtype), value)

@@ -42,7 +42,9 @@ once, as it does for a compiled Llama MLP (bit-equal to it, and so a rounding aw
 eager: 0.33 % relative in the bfloat16 case of tests/test_compile.py).
 ``torch.jit.trace`` records the plain formula (the same values in every grad mode), with
 the input's sizes read at run time: the trace holds for every input with the traced
-number of dimensions. ``torch.export.export`` records the plain formula too, in every grad
+number of dimensions, and the rank-r and dense layers refuse another number of dimensions
+(a ``torch.jit.Error`` naming both) rather than reshape it to the traced one.
+``torch.export.export`` records the plain formula too, in every grad
 mode: the exported program holds ATen ops only and loads with torch alone
 (:mod:`qkmlp.functional`). ``torch.fx.symbolic_trace`` of a model records each layer as one
 ``call_module`` node (a leaf module: the graph calls the layer on real tensors); a bare
@@ -81,7 +83,14 @@ Rules every layer follows:
 - **State dicts.** A :class:`GatedMLP` loads its own keys and also a gate/up/down MLP's
   (``gate_proj.weight``, ``up_proj.weight``, ``down_proj.weight``, or Phi-3's fused
   ``gate_up_proj.weight``; rank 1), so a Hugging Face checkpoint loads strictly into a
-  model whose MLPs were converted.
+  model whose MLPs were converted. A state dict of another rank raises, naming both ranks.
+  The three rank-r classes share keys and shapes (``query_weight``, ``key_weight``,
+  ``value``), and a state dict holds no class: a :class:`GatedMLP`'s loads into a
+  :class:`SymmetricBilinearMLP` or :class:`SymmetrizedGatedMLP` without error. That
+  transfer copies the weights q, k, v, not the function: the target computes its own form
+  on them (σ(Σ a·b) or the symmetrised average instead of Σ σ(a)·b), which is exactly how
+  the book builds its controls from a gated layer (:func:`qkmlp.pretrained.variant`);
+  for the same function, load into the same class.
 - **Sharded weights.** After FSDP2's ``fully_shard`` the forward pass works as usual;
   what needs the full weights (``to_linear``, ``to_dense``, ``absorbed``, a view of an
   unevenly sharded weight) raises ``RuntimeError`` naming the fix: ``.unshard()`` the
@@ -274,6 +283,7 @@ class BilinearAttentionMLP(_QKMLPBase):
         self._check_input(x)
         if x.is_nested:
             return _on_jagged(x, self.scores)
+        x = _interop.traced_ndim(self, x)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.d_model)
         # (N, d) @ (d, m·d) -> (N, m, d), then contract the second index with x.
@@ -385,6 +395,11 @@ class _RankRBase(_QKMLPBase):
         nn.init.uniform_(self.key_weight, -bound, bound)
         self._init_value()
 
+    def _load_from_state_dict(self, state_dict, prefix, *args):
+        """As ``nn.Module``'s, naming both ranks when the state dict holds another rank's rows."""
+        args[-1].extend(_interop.rank_mismatch(self, state_dict, prefix))     # args[-1]: error_msgs
+        super()._load_from_state_dict(state_dict, prefix, *args)
+
     def projections(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r"""Query and key projections :math:`x\cdot q_{j,s}`, :math:`x\cdot k_{j,s}`: (..., d) -> two (..., m, r)."""
         self._check_input(x)
@@ -406,6 +421,7 @@ class _RankRBase(_QKMLPBase):
         self._check_input(x)
         if x.is_nested:
             return _on_jagged(x, self.forward)
+        x = _interop.traced_ndim(self, x)
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.d_model)
         q, k, v = self.query_weight, self.key_weight, self.value

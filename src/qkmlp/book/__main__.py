@@ -1,19 +1,22 @@
 """``python -m qkmlp.book static-query|product --out FILE``: rerun chapter 2's or
 chapter 3's stored study and write it as JSON with its provenance
 (:func:`~qkmlp.book.ch02_dynamic_query.static_query_study`,
-:func:`~qkmlp.book.ch03_bilinear_attention.product_study`)."""
+:func:`~qkmlp.book.ch03_bilinear_attention.product_study`). The provenance comes from
+:mod:`qkmlp.runbase.provenance`, as every pipeline's does: the git commit and whether the
+checkout had uncommitted changes, the versions, the machine (CPU model and capability,
+threads), the date and the wall time."""
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
 import platform
-import subprocess
 import sys
 import time
 
 import torch
 
+from ..runbase.provenance import IMPORT_GIT, machine, versions
 from .ch02_dynamic_query import static_query_study
 from .ch03_bilinear_attention import product_study
 
@@ -32,17 +35,13 @@ def main(argv=None) -> None:
         data = static_query_study(range(args.seeds), args.steps)
     else:
         data = product_study()
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
-                                text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
     data["provenance"] = {
         "command": "python -m qkmlp.book " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "git_commit": commit,
+        **IMPORT_GIT,                       # the code this process imported: commit, uncommitted changes
+        "versions": versions(),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "machine": platform.machine(),
+        "machine": machine(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - start, 1),
     }

@@ -71,7 +71,7 @@ def sym_eigenvalues(layer: GatedMLP) -> tuple[torch.Tensor, torch.Tensor]:
 
 def summarise(values: torch.Tensor, quantiles: Sequence[float] = QUANTILES) -> dict:
     """``{"mean", "sd", "min", "max", "quantiles": [...]}`` of a tensor (flattened, float64)."""
-    v = values.detach().double().flatten()
+    v = values.detach().double().flatten().cpu()
     if v.numel() == 0:
         raise ValueError("cannot summarise an empty tensor")
     qs = torch.quantile(v if v.numel() <= 2 ** 24 else v[torch.randperm(v.numel())[:2 ** 24]],

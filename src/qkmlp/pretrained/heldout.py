@@ -75,6 +75,7 @@ def nll_from_hidden(model, hidden: torch.Tensor, ids: torch.Tensor, *, grad: boo
     with torch.set_grad_enabled(grad):
         for h, t in zip(hidden, ids):
             logits = head(h[:-1])
+            t = t.to(logits.device)              # the head may sit on another device (device_map)
             if logits.dtype in (torch.float16, torch.bfloat16):
                 logits = logits.float()
             out.append(F.cross_entropy(logits, t[1:], reduction="mean").double())
@@ -86,10 +87,16 @@ def window_losses(model, ids: torch.Tensor, *, batch_size: int = 4) -> torch.Ten
     """Mean next-token NLL (nats) of each window: (n, L) ids -> (n,) float64."""
     _check_ids(ids)
     out = []
-    for chunk in ids.split(batch_size):
+    for chunk in ids.to(input_device(model)).split(batch_size):
         hidden = model.model(input_ids=chunk, use_cache=False).last_hidden_state
         out.append(nll_from_hidden(model, hidden, chunk))
     return torch.cat(out)
+
+
+def input_device(model) -> torch.device:
+    """The device of the model's input embedding: where its token ids go (with a
+    ``device_map``, accelerate moves the activations between the layers' devices)."""
+    return model.get_input_embeddings().weight.device
 
 
 def _check_ids(ids) -> None:
@@ -123,7 +130,7 @@ def layer_inputs(model, ids: torch.Tensor, *, mlp_inputs: bool = False):
         if mlp_inputs:
             hooks.append(layer.mlp.register_forward_pre_hook(keep(mlp_in, i), with_kwargs=True))
     try:
-        hidden = model.model(input_ids=ids, use_cache=False).last_hidden_state
+        hidden = model.model(input_ids=ids.to(input_device(model)), use_cache=False).last_hidden_state
     finally:
         for h in hooks:
             h.remove()

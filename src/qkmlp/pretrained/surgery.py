@@ -38,6 +38,7 @@ the layer (q, c·k, v/c), a different function. :func:`gauge_balanced` fixes the
 """
 from __future__ import annotations
 
+import functools
 import warnings
 from contextlib import contextmanager
 from typing import Mapping, Optional
@@ -78,11 +79,28 @@ def decoder_layers(model) -> nn.ModuleList:
     return layers
 
 
+def _declared_activation(model) -> tuple[Optional[str], Optional[str]]:
+    """``(attribute, name)`` of the activation ``model.config`` declares: ``hidden_activation``
+    (Gemma 2, VaultGemma, Gemma 3n), then ``hidden_act`` (Llama, Qwen2, Gemma, Phi-3, ...),
+    the order :func:`~qkmlp.activations.activation_of_mlp` (``GatedMLP.from_mlp``) reads;
+    ``(None, None)`` when neither is a string."""
+    config = getattr(model, "config", None)
+    for attr in ("hidden_activation", "hidden_act"):
+        v = getattr(config, attr, None)
+        if isinstance(v, str):
+            return attr, v
+    return None, None
+
+
 def _hidden_act(model) -> str:
-    act = getattr(getattr(model, "config", None), "hidden_act", None)
-    if not isinstance(act, str):
-        raise ValueError("model.config.hidden_act is missing: pass activation= explicitly")
-    return get_activation(act).name
+    attr, act = _declared_activation(model)
+    if act is None:
+        raise ValueError("model.config declares no activation (neither hidden_activation nor hidden_act "
+                         "is set): pass activation= explicitly")
+    try:
+        return get_activation(act).name
+    except ValueError as e:
+        raise ValueError(f"model.config.{attr} = {act!r}: {e}; pass activation= explicitly") from None
 
 
 def _linear(mlp, name):
@@ -136,20 +154,21 @@ def _check_conversion(mlp: nn.Module, g: GatedMLP, index: int) -> None:
     if not err <= tol * scale:
         raise ValueError(f"layer {index}: the converted GatedMLP differs from the model's "
                          f"{type(mlp).__name__} by {err:.3g} (largest output {scale:.3g}); the "
-                         f"activation {g.activation.name!r} (from config.hidden_act or activation=) "
+                         f"activation {g.activation.name!r} (from the config or activation=) "
                          "or the weight layout does not match the module")
 
 
 def _checked_activation(model, activation, check: bool) -> str:
-    """The activation name to convert with: ``model.config.hidden_act``, or ``activation``
-    when given. A given activation that differs from a declared ``config.hidden_act`` is
+    """The activation name to convert with: the one ``model.config`` declares
+    (``hidden_activation``, else ``hidden_act``), or ``activation`` when given. A given
+    activation that differs from the declared one is
     warned about: with ``check`` the comparison with the module's own output then decides
     (and raises if the module does not compute it); ``check=False`` is the explicit
     override (a deliberate other σ on the model's weights, as the book's experiments use)."""
     if activation is None:
         return _hidden_act(model)
     act = get_activation(activation).name
-    declared = getattr(getattr(model, "config", None), "hidden_act", None)
+    attr, declared = _declared_activation(model)
     try:
         declared_name = get_activation(declared).name if isinstance(declared, str) else None
     except ValueError:                      # a name qkmlp does not know: nothing to compare
@@ -157,13 +176,13 @@ def _checked_activation(model, activation, check: bool) -> str:
     if declared_name is not None and declared_name != act:
         if not check:
             warnings.warn(
-                f"activation={activation!r} ({act}) differs from the model's config.hidden_act = "
+                f"activation={activation!r} ({act}) differs from the model's config.{attr} = "
                 f"{declared!r} ({declared_name}) and check=False: the converted layers compute {act} on "
                 f"the model's weights, not the model's MLPs (drop activation= to convert the model as "
                 f"it is)", UserWarning, stacklevel=3)
             return act
         warnings.warn(
-            f"activation={activation!r} ({act}) differs from the model's config.hidden_act = {declared!r} "
+            f"activation={activation!r} ({act}) differs from the model's config.{attr} = {declared!r} "
             f"({declared_name}); each converted layer is compared with the model's own MLP, which "
             f"raises if the module does not compute {act}", UserWarning, stacklevel=3)
     return act
@@ -179,15 +198,62 @@ def _source_params(mlp: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return gate, up, mlp.down_proj.weight
 
 
+def _mlp_layout(mlp: nn.Module) -> str:
+    """"split" (gate_proj, up_proj, down_proj) or "fused" (Phi-3's gate_up_proj, down_proj)."""
+    return "split" if _linear(mlp, "gate_proj") is not None and _linear(mlp, "up_proj") is not None else "fused"
+
+
+def _save_as_hf(layout: str, activation: str, module, state_dict, prefix, local_metadata) -> None:
+    """State-dict post-hook of a converted layer: its weights under the keys of the module it
+    replaced (``gate_proj``/``up_proj``/``down_proj``, or Phi-3's fused ``gate_up_proj``), so
+    ``save_pretrained`` writes a checkpoint that ``from_pretrained`` loads into the original
+    architecture with these weights (and :class:`~qkmlp.GatedMLP` loads those keys back)."""
+    if module.rank != 1 or module.activation.name != activation:
+        raise RuntimeError(
+            f"{prefix or 'this layer'}: a converted GatedMLP saves under the Hugging Face MLP's keys, which "
+            f"hold a rank-1 layer with activation {activation!r}; this one has rank {module.rank} and "
+            f"activation {module.activation.name!r}, which from_pretrained would not reproduce. Save it "
+            f"with torch.save, or put back a layer the architecture can hold")
+    q, k, v = (state_dict.pop(prefix + n) for n in ("query_weight", "key_weight", "value"))
+    if layout == "fused":
+        state_dict[prefix + "gate_up_proj.weight"] = torch.cat([q, k])
+    else:
+        state_dict[prefix + "gate_proj.weight"] = q
+        state_dict[prefix + "up_proj.weight"] = k
+    state_dict[prefix + "down_proj.weight"] = v.T.contiguous()
+
+
+def _unsaveable_mlps(model, state_dict, prefix, local_metadata) -> None:
+    """State-dict post-hook of a model whose MLPs :func:`replace_mlps` replaced: warns when a
+    decoder layer's MLP has keys Hugging Face's architecture does not hold (``from_pretrained``
+    would initialise that MLP at random and only its load report would say so)."""
+    known = {"gate_proj.weight", "up_proj.weight", "down_proj.weight", "gate_up_proj.weight"}
+    bad = []
+    for i, layer in enumerate(decoder_layers(model)):
+        head = f"{prefix}model.layers.{i}.mlp."
+        own = {k[len(head):] for k in state_dict if k.startswith(head)}
+        if not own <= known or not own:
+            bad.append(f"layer {i} ({type(layer.mlp).__name__})")
+    if bad:
+        warnings.warn(
+            f"the state dict of this model holds MLPs that its Hugging Face architecture cannot load: "
+            f"{', '.join(bad)}; from_pretrained on a checkpoint saved from it (save_pretrained) would "
+            f"initialise those MLPs at random. Put the original MLPs back first (replace_mlps(model, "
+            f"returned)), or converted GatedMLPs from use_gated_mlps / gated_mlps, which save under the "
+            f"original keys", UserWarning, stacklevel=2)
+
+
 def gated_mlps(model, *, activation: Optional[str] = None, check: bool = True) -> list[GatedMLP]:
     """One :class:`~qkmlp.GatedMLP` per decoder layer, converted from its MLP (either
     layout of :func:`mlp_weights`; copies, the model is not changed).
 
-    ``activation`` defaults to ``model.config.hidden_act`` (``silu`` for SmolLM2). With
+    ``activation`` defaults to the one ``model.config`` declares: ``hidden_activation``
+    (Gemma 2, VaultGemma, Gemma 3n), else ``hidden_act`` (``silu`` for SmolLM2), read in the
+    order ``GatedMLP.from_mlp`` reads them. With
     ``check`` (default) each converted layer is compared with the model's own MLP on four
     random inputs, whether ``activation`` was given or read from the config, and a
     mismatch (a wrong activation, an unknown layout) raises ``ValueError``: a conversion is
-    never silently wrong. A given ``activation`` that differs from ``config.hidden_act``
+    never silently wrong. A given ``activation`` that differs from the declared one
     warns (``UserWarning``) and is then compared like any other; ``check=False`` with such
     an activation is the explicit override that builds layers computing another σ on the
     model's weights on purpose (warned about, not compared). A layer whose MLP is not a
@@ -197,6 +263,12 @@ def gated_mlps(model, *, activation: Optional[str] = None, check: bool = True) -
     require grad as the module's gate, up and down weights do (both halves of a fused
     ``gate_up_proj`` as it does), and the layer is in training mode when the module was.
     A frozen model (``requires_grad_(False)``) gives frozen layers.
+
+    Each layer's ``state_dict()`` names its weights as the module it replaced does
+    (``gate_proj.weight``, ``up_proj.weight``, ``down_proj.weight``, or Phi-3's fused
+    ``gate_up_proj.weight``; down = ``value``ᵀ), so a model holding these layers saves with
+    ``save_pretrained`` a checkpoint that ``from_pretrained`` loads into the original
+    architecture with the same logits; the layer loads those keys back (``load_state_dict``).
     """
     act = _checked_activation(model, activation, check)
     out = []
@@ -213,6 +285,7 @@ def gated_mlps(model, *, activation: Optional[str] = None, check: bool = True) -
             p.requires_grad_(src.requires_grad)
         if check:
             _check_conversion(layer.mlp, g, i)
+        g.register_state_dict_post_hook(functools.partial(_save_as_hf, _mlp_layout(layer.mlp), act))
         out.append(g)
     return out
 
@@ -221,6 +294,10 @@ def replace_mlps(model, mlps: Mapping[int, nn.Module]) -> dict[int, nn.Module]:
     """Set ``model.model.layers[i].mlp = mlps[i]`` for every i given, in place.
 
     Returns the modules taken out, ``{i: old}``, so ``replace_mlps(model, old)`` undoes it.
+    From then on ``model.state_dict()`` (and so ``save_pretrained``) warns while an MLP holds
+    keys the Hugging Face architecture cannot load (a variant, a layer of rank > 1): a
+    checkpoint saved so would reload with that MLP at random. Converted layers
+    (:func:`gated_mlps`) save under the original keys and pass.
     """
     layers = decoder_layers(model)
     for i, m in mlps.items():
@@ -232,6 +309,9 @@ def replace_mlps(model, mlps: Mapping[int, nn.Module]) -> dict[int, nn.Module]:
     for i, m in mlps.items():
         old[i] = layers[i].mlp
         layers[i].mlp = m
+    if not getattr(model, "_qkmlp_save_check", False):
+        model.register_state_dict_post_hook(_unsaveable_mlps)
+        model._qkmlp_save_check = True
     return old
 
 
@@ -252,12 +332,16 @@ def use_gated_mlps(model, *, activation: Optional[str] = None) -> dict[int, nn.M
 
     Returns the original MLPs (``replace_mlps(model, returned)`` restores the model).
 
-    The converted model's state dict names the MLP weights ``mlp.query_weight``,
-    ``mlp.key_weight`` and ``mlp.value``; :class:`~qkmlp.GatedMLP` also loads the original
-    architecture's keys (``gate_proj``/``up_proj``/``down_proj`` or Phi-3's fused
-    ``gate_up_proj``), so ``model.load_state_dict(hf_model.state_dict())`` works strictly on
-    a converted model. Hugging Face's ``from_pretrained`` builds the original architecture:
-    load first, then convert.
+    **Saving.** The converted model's state dict names the MLP weights as the original
+    architecture does (``mlp.gate_proj.weight``, ``mlp.up_proj.weight``,
+    ``mlp.down_proj.weight``, or Phi-3's fused ``mlp.gate_up_proj.weight``), so
+    ``model.save_pretrained(folder)`` writes a Hugging Face checkpoint:
+    ``AutoModelForCausalLM.from_pretrained(folder)`` builds the original architecture with
+    the same weights and logits; call ``use_gated_mlps`` on it again to convert. A
+    :class:`~qkmlp.GatedMLP` loads those keys, so ``model.load_state_dict(sd)`` works
+    strictly on a converted model too. An MLP put in with :func:`replace_mlps` that the
+    architecture cannot hold (a variant, rank > 1) makes ``state_dict()`` warn; a converted
+    layer whose rank or activation was changed afterwards makes it raise.
     """
     return replace_mlps(model, dict(enumerate(gated_mlps(model, activation=activation))))
 
@@ -388,7 +472,7 @@ def with_q4_noise(g: GatedMLP, generator: Optional[torch.Generator] = None) -> G
 
     def noisy(w):                                # w as stored: (rows, cols), blocks along cols
         step, _ = q4_steps(w)
-        u = torch.rand(w.shape, generator=generator, dtype=torch.float64) - 0.5
+        u = (torch.rand(w.shape, generator=generator, dtype=torch.float64) - 0.5).to(w.device)
         return w + (u * step.double().repeat_interleave(Q4_BLOCK, dim=1)).to(w.dtype)
 
     out.query.copy_(noisy(g.query[:, 0]).unsqueeze(1))

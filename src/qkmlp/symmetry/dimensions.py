@@ -119,26 +119,48 @@ def measure_symmetry(
 ) -> SymmetryMeasurement:
     """Measure the number of continuous symmetry directions at the layer's weights.
 
-    A float64 copy of the layer is evaluated on ``n_inputs`` standard-normal inputs
-    (default 2·n_params + 20, so that the sampled outputs see every direction the function
-    can move in); the rank of the Jacobian counts the singular values above
-    ``rtol`` × the largest. The default rtol = 1e-8 ≈ √eps sits midway (in log scale)
-    between 1 and float64 round-off. If the ratio of the smallest kept to the largest
-    dropped singular value is below ``min_gap`` the rank is ambiguous and a
-    ``RuntimeError`` says so (pass ``min_gap=0`` to get the numbers anyway).
+    A float64 copy of the layer is evaluated on standard-normal inputs; the rank of the
+    Jacobian counts the singular values above ``rtol`` × the largest. The default
+    rtol = 1e-8 ≈ √eps sits midway (in log scale) between 1 and float64 round-off. If the
+    ratio of the smallest kept to the largest dropped singular value is below ``min_gap``
+    the rank is ambiguous and a ``RuntimeError`` says so (pass ``min_gap=0`` to get the
+    numbers anyway). A dropped singular value above 1e-12 relative (far above float64
+    round-off, where an exact symmetry direction sits) raises ``RuntimeError`` too: it is a
+    weak direction of the function, and counting it would overcount (a StaticQueryMLP with
+    tanh, d = 2, m = 3, d_out = 2 has one at 3e-9, which rtol = 1e-8 alone dropped).
+
+    **How many inputs.** With ``n_inputs`` given, exactly that many. By default:
+
+    - a smooth σ (every named activation but relu, leaky_relu and relu2, and a declared-linear
+      one): 2·n_params + 20 inputs (the layer is analytic in x, and the sampled outputs see
+      every direction the function can move in);
+    - a piecewise σ (relu, leaky_relu, relu2, and any plain callable, whose kinks are not
+      known): the layer is a different polynomial on each cell cut out by the kinks σ's
+      inputs cross at 0, and a direction seen on one narrow cell only is missed by random
+      inputs that land in no point of it (a gated leaky-ReLU layer with d = 2, m = 3,
+      r = 4 needed about 4,000 Gaussian inputs; with 128 it counted 18 for 15, with a gap of
+      1e9 that hides the error). So the inputs are sampled until the rank is stable:
+      each round adds 2·n_params + 20 Gaussian inputs and, for every σ input, points
+      around places where it crosses 0 (found by bisection on random segments, then moved
+      off at distances 0.3 down to 3e-4 of their norm, landing in the cells on both sides,
+      narrow ones included); the rounds double until two in a row give one rank (at most
+      six rounds, else ``RuntimeError``). ``n_inputs`` in the result is the total used.
     """
     require_layer(layer)
     if not (0.0 < rtol < 1.0):
         raise ValueError(f"rtol must be in (0, 1), got {rtol!r}")
     P = parameter_count(layer)
+    adaptive = n_inputs is None and _piecewise(layer.activation)
     if n_inputs is None:
         n_inputs = 2 * P + 20
     positive_int(n_inputs, "n_inputs")
     layer64 = copy.deepcopy(layer).to(device="cpu", dtype=torch.float64)   # jacobian() unfuses it
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n_inputs, layer.d_model, generator=gen, dtype=torch.float64)
-    J = jacobian(layer64, x)
-    sv = torch.linalg.svdvals(J)
+    if not adaptive:
+        sv, used = torch.linalg.svdvals(jacobian(layer64, x)), n_inputs
+    else:
+        sv, used = _stable_singular_values(layer64, x, P, gen, rtol)
     full = torch.zeros(P, dtype=torch.float64)
     full[: sv.numel()] = sv  # fewer rows than parameters: the missing values are zeros
     top = float(full[0])
@@ -153,7 +175,101 @@ def measure_symmetry(
             f"{kept:.2e}, largest dropped {dropped:.2e} (relative), gap {gap:.1e} < min_gap={min_gap:.0e}; "
             "use more inputs or better-conditioned weights"
         )
-    return SymmetryMeasurement(P - rank, P, rank, n_inputs, rtol, gap, rel)
+    if min_gap > 0 and dropped > _ROUNDOFF:
+        raise RuntimeError(
+            f"ambiguous Jacobian rank for {type(layer).__name__}: the largest dropped singular value "
+            f"{dropped:.2e} (relative) is below rtol={rtol:.0e} but far above float64 round-off "
+            f"({_ROUNDOFF:.0e}): a weak direction of the function, not a symmetry, so the count "
+            f"{P - rank} would overcount; use better-conditioned weights (or min_gap=0 for the numbers)"
+        )
+    return SymmetryMeasurement(P - rank, P, rank, used, rtol, gap, rel)
+
+
+_MAX_ROUNDS = 6
+#: A singular value (relative to the largest) above this is not float64 round-off, which sits
+#: near 1e-16·√rows (1e-14 at 10,000 rows): an exact symmetry direction has J·δθ = 0.
+_ROUNDOFF = 1e-12
+
+
+def _piecewise(act) -> bool:
+    """Whether σ may be piecewise (kinks at 0): relu, leaky_relu, relu2, or a plain callable."""
+    from ..activations import ACTIVATIONS
+
+    if act.is_linear:
+        return False
+    return ACTIVATIONS.get(act.name) is not act or act.homogeneity_degree is not None
+
+
+def _sigma_inputs(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Every number σ receives in ``layer(x)``: (N, U), one column per σ input (x: (N, d))."""
+    seen = []
+    act = layer.activation
+
+    def record(z):
+        seen.append(z.reshape(x.shape[0], -1))
+        return act(z)
+
+    from ..activations import get_activation
+
+    probe = copy.copy(layer)                   # shares the weights; its own activation
+    probe.activation = get_activation(record)
+    with torch.no_grad():
+        probe(x)
+    return torch.cat(seen, dim=1)
+
+
+def _near_kinks(layer: nn.Module, n_pairs: int, gen: torch.Generator) -> torch.Tensor:
+    """Inputs around the places where each σ input crosses 0: on n_pairs random segments
+    whose ends σ's input sees with opposite signs, the crossing (50 bisection steps), moved
+    off in a random direction by 0.3, 0.03, 3e-3 and 3e-4 of its norm."""
+    d = layer.d_model
+    a = torch.randn(n_pairs, d, generator=gen, dtype=torch.float64)
+    b = torch.randn(n_pairs, d, generator=gen, dtype=torch.float64)
+    za, zb = _sigma_inputs(layer, a) > 0, _sigma_inputs(layer, b) > 0
+    lo_pts, hi_pts, cols = [], [], []
+    for c in range(za.shape[1]):
+        cross = za[:, c] != zb[:, c]
+        lo_pts.append(a[cross])
+        hi_pts.append(b[cross])
+        cols.append(torch.full((int(cross.sum()),), c))
+    lo, hi, col = torch.cat(lo_pts), torch.cat(hi_pts), torch.cat(cols)
+    if lo.shape[0] == 0:
+        return lo
+    side = _sigma_inputs(layer, lo).gather(1, col[:, None]) > 0
+    t0, t1 = torch.zeros(lo.shape[0], 1, dtype=torch.float64), torch.ones(lo.shape[0], 1, dtype=torch.float64)
+    for _ in range(50):
+        mid = (t0 + t1) / 2
+        same = (_sigma_inputs(layer, lo + mid * (hi - lo)).gather(1, col[:, None]) > 0) == side
+        t0, t1 = torch.where(same, mid, t0), torch.where(same, t1, mid)
+    p = lo + t0 * (hi - lo)
+    out = []
+    for step in (0.3, 0.03, 3e-3, 3e-4):
+        g = torch.randn(p.shape, generator=gen, dtype=torch.float64)
+        out.append(p + step * p.norm(dim=1, keepdim=True) * g / g.norm(dim=1, keepdim=True))
+    return torch.cat(out)
+
+
+def _stable_singular_values(layer64: nn.Module, x: torch.Tensor, P: int, gen: torch.Generator, rtol: float):
+    """Singular values of the Jacobian over inputs added in rounds (:func:`measure_symmetry`)
+    until two rounds in a row give one rank; the rows are folded into a QR factor R
+    (J and R have the same singular values), so memory stays P × P."""
+    n0 = x.shape[0]
+    units = _sigma_inputs(layer64, x[:1]).shape[1]
+    R, used, ranks = None, 0, []
+    for k in range(_MAX_ROUNDS):
+        if k:
+            x = torch.randn(n0 * 2 ** (k - 1), layer64.d_model, generator=gen, dtype=torch.float64)
+        batch = torch.cat([x, _near_kinks(layer64, max(8, -(-n0 // units)) * 2 ** k, gen)])
+        used += batch.shape[0]
+        J = jacobian(layer64, batch)
+        R = torch.linalg.qr(J if R is None else torch.cat([R, J]), mode="r").R
+        sv = torch.linalg.svdvals(R)
+        ranks.append(int((sv > rtol * sv[0]).sum()) if float(sv[0]) > 0 else 0)
+        if k and ranks[-1] == ranks[-2]:
+            return sv, used
+    raise RuntimeError(
+        f"the Jacobian rank of this {type(layer64).__name__} did not settle in {_MAX_ROUNDS} rounds of "
+        f"inputs ({used} in all; ranks {ranks}); pass n_inputs= to measure on a fixed number")
 
 
 def symmetry_dimension(layer: nn.Module, **kwargs) -> int:

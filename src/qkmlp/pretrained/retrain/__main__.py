@@ -32,8 +32,10 @@ def _parse_part(s: str) -> tuple:
     return k, n
 
 
-def smollm2_grid(cfg: dict, records: Path, checkpoints, part, progress: bool, log):
-    """A :class:`~qkmlp.pretrained.retrain.grid.Grid` over SmolLM2-135M and the pinned texts."""
+def smollm2_grid(cfg: dict, records: Path, checkpoints, part, progress: bool, log, device=None):
+    """A :class:`~qkmlp.pretrained.retrain.grid.Grid` over SmolLM2-135M and the pinned texts,
+    on ``device`` (default CPU; another device is part of the model's id, so its runs get
+    records of their own)."""
     from ..loading import GGUF_NAME, PACKAGE, file_sha256, gguf_path, load_smollm2
     from ..texts import sha256_of, text
     from .grid import Grid
@@ -42,13 +44,15 @@ def smollm2_grid(cfg: dict, records: Path, checkpoints, part, progress: bool, lo
     texts = {n: text(n) for n in names}                     # checked against the pins
     dtype = getattr(torch, cfg["dtype"])
     model_id = f"{PACKAGE}/{GGUF_NAME}@sha256:{file_sha256(gguf_path())}/{cfg['dtype']}"
-    return Grid(cfg, lambda: load_smollm2(dtype), texts, model_id=model_id,
+    if device is not None and torch.device(device).type != "cpu":
+        model_id += f"@{torch.device(device).type}"
+    return Grid(cfg, lambda: load_smollm2(dtype, device=device), texts, model_id=model_id,
                 texts_sha={n: sha256_of(s) for n, s in texts.items()}, records=records,
                 checkpoints=checkpoints, part=part, progress=progress, log=log)
 
 
 def main(argv=None) -> int:
-    from ..loading import cache_root
+    from ..loading import DTYPES, cache_root, check_device
     from .grid import SIZES, assemble, config, save
 
     p = argparse.ArgumentParser(prog="python -m qkmlp.pretrained.retrain", description=__doc__.split("\n")[0])
@@ -71,7 +75,14 @@ def main(argv=None) -> int:
     p.add_argument("--assemble", action="store_true", help="only assemble the results file from the records")
     p.add_argument("--allow-missing", action="store_true", help="assemble even if some main runs are missing")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="the weights' dtype (default: the config's, float32; "
+                   "another dtype is another configuration, with records of its own)")
+    p.add_argument("--device", help="cpu (default), cuda, cuda:N or mps: where the model trains (checked at once)")
     args = p.parse_args(argv)
+    try:
+        check_device(args.device)
+    except (ValueError, RuntimeError) as e:
+        p.error(f"--device: {e}")
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -79,6 +90,8 @@ def main(argv=None) -> int:
     overrides = {}
     if args.seeds:
         overrides["seeds"] = args.seeds
+    if args.dtype:
+        overrides["dtype"] = args.dtype
     cfg = config(args.size, **overrides)
     if args.arms:
         keep = set(args.arms) | {"gated"}
@@ -96,8 +109,9 @@ def main(argv=None) -> int:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
     command = "python -m qkmlp.pretrained.retrain " + shlex.join(sys.argv[1:] if argv is None else argv)
-    grid = smollm2_grid(cfg, records, checkpoints, args.part, not args.no_progress, log)
-    log(f"threads {torch.get_num_threads()}, run key {grid.key}, records in {records}")
+    grid = smollm2_grid(cfg, records, checkpoints, args.part, not args.no_progress, log, device=args.device)
+    log(f"threads {torch.get_num_threads()}, {cfg['dtype']} on {args.device or 'cpu'}, run key {grid.key}, "
+        f"records in {records}")
     if args.match:
         from .matching import write_matching
         log(f"wrote {write_matching(grid, args.match, args.matching, command=command, log=log)}")

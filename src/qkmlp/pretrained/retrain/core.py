@@ -167,6 +167,7 @@ def batch_at(data: TextData, starts: torch.Tensor, step: int) -> torch.Tensor:
 
 def train_loss(model, ids: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy over the batch (every position but the last predicts)."""
+    ids = ids.to(model.get_input_embeddings().weight.device)
     logits = model(input_ids=ids, use_cache=False).logits[:, :-1]
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1))
 
