@@ -23,15 +23,21 @@ def _cells(chapter: str) -> list[dict]:
 
 def main_path_words(cells: list[dict]) -> int:
     """Words of the markdown cells outside dropdown admonitions (detours) and outside
-    solution-start ... solution-end spans (which may run across cells); directive fences
-    and their options are not counted."""
+    solutions: a ``{solution}`` directive (one cell; its closing fence is the backticks that
+    opened it) or, as the chapters were written before, a solution-start ... solution-end
+    span (which may run across cells); directive fences and their options are not
+    counted."""
     words, in_solution = 0, False
     for cell in cells:
         if cell["cell_type"] != "markdown":
             continue
-        in_dropdown = False
+        in_dropdown, fence = False, None
         for line in "".join(cell["source"]).splitlines():
-            if "solution-start" in line:
+            if fence is not None:
+                fence = None if line.strip() == fence else fence
+            elif "{solution}" in line and line.startswith("```"):
+                fence = line[:len(line) - len(line.lstrip("`"))]
+            elif "solution-start" in line:
                 in_solution = True
             elif "solution-end" in line:
                 in_solution = False
@@ -48,8 +54,9 @@ def test_main_path_words_counts_what_it_should():
     md = lambda s: {"cell_type": "markdown", "source": [s]}   # noqa: E731
     cells = [md("one two three\n\n" + DETOUR + " x\n:class: dropdown\n\nfour five\n:::\nsix"),
              md("```{solution-start} e\n:class: dropdown\n```\nseven eight"),
-             md("```{solution-end}\n```\nnine")]
-    assert main_path_words(cells) == 5      # one two three six nine
+             md("```{solution-end}\n```\nnine"),
+             md("ten\n````{solution} f\n:class: dropdown\n\neleven\n```\ntwelve\n```\n````\nthirteen")]
+    assert main_path_words(cells) == 7      # one two three six nine ten thirteen
 
 
 @pytest.mark.parametrize("chapter", sorted(BEFORE))
@@ -59,7 +66,7 @@ def test_the_main_path_is_at_most_half(chapter):
     markdown = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     assert markdown.count(DETOUR) >= 5
     assert re.search(r":label: ch0\d-ex-code\n\nWrite it yourself", markdown)
-    solution = markdown.split("solution-start} " + chapter[:2].replace("0", "ch0", 1) + "-ex-code")
+    solution = markdown.split("{solution} " + chapter[:2].replace("0", "ch0", 1) + "-ex-code")
     assert len(solution) == 2, "the coding exercise has one folded solution"
 
 

@@ -83,7 +83,7 @@ def test_the_main_path_is_at_most_half(chapter):
     markdown = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     assert markdown.count(DETOUR) >= DETOURS[chapter]
     assert re.search(r":label: ch0\d-ex-code\n\nWrite it yourself", markdown)
-    assert markdown.count("solution-start} " + chapter[:2].replace("0", "ch0", 1) + "-ex-code") == 1
+    assert markdown.count("{solution} " + chapter[:2].replace("0", "ch0", 1) + "-ex-code") == 1
 
 
 @pytest.mark.parametrize("chapter", sorted(BEFORE))
