@@ -283,3 +283,32 @@ def test_the_site_ships_its_source_and_a_fresh_folder_can_run_make(book_build, t
     running = (book_build.html / "book" / "running_locally.html").read_text()
     assert re.search(rf'<a class="[^"]*qk-source-archive[^"]*" href="[./]*{re.escape(ARCHIVE_NAME)}"', running), \
         "the run-locally page does not link the source archive from its text"
+
+
+NUMBERED = re.compile(r"^(Theorem|Lemma|Proposition|Corollary|Definition|Remark|Example) \d+\.\d+$")
+
+
+def test_a_reference_to_a_numbered_statement_names_its_number(book_build):
+    """Every link whose text is 'Theorem 4.4' (sphinx-proof's own text, or an explicit one
+    written so that JupyterLab, which cannot resolve a label in another notebook, shows the
+    same words) lands on the statement whose header says 'Theorem 4.4'."""
+    headers, pages = {}, {}
+    for page in html_pages(book_build.html):
+        text = page.read_text()
+        pages[page] = text
+        for ident, number in re.findall(r'<div class="proof [^"]*" id="([^"]+)">\s*<p class="admonition-title">'
+                                        r'<span class="caption-number">([^<]+)</span>', text):
+            headers[(page.resolve(), ident)] = number.strip()
+    checked, wrong = 0, []
+    for page, text in pages.items():
+        for href, body in re.findall(r'<a class="reference internal" href="([^"]*#[^"]+)"[^>]*>(.*?)</a>', text, re.S):
+            label = re.sub(r"<[^>]+>", "", body).strip()
+            if not NUMBERED.match(label):
+                continue
+            target, ident = href.split("#", 1)
+            key = ((page.parent / target).resolve() if target else page.resolve(), ident)
+            checked += 1
+            if headers.get(key) != label:
+                wrong.append(f"{page.name}: '{label}' links to {href}, whose header says {headers.get(key)!r}")
+    assert checked > 100, f"only {checked} numbered references found: has the HTML changed?"
+    assert not wrong, "\n".join(wrong[:20])
