@@ -126,8 +126,9 @@ def _alpha_label(a: float) -> str:
 
 def alpha_ticks(alphas: Sequence[float]) -> list[tuple[int, float, Optional[str]]]:
     """The α slider's tick marks: ``(index, fraction, label)`` for each value of
-    ``alphas`` that is ± a power of two or an end of the track, where ``fraction = index / (len(alphas) − 1)`` is
-    the handle's position along the track (a selection slider spaces its values evenly).
+    ``alphas`` that is ± a power of two or an end of the track, where
+    ``fraction = index / (len(alphas) − 1)`` is the handle's position along the track (a
+    selection slider spaces its values evenly).
 
     Labelled (``label`` a string such as ``"−1"``): α = −1, α = 1 and the two ends; the
     other ticks have ``label`` None.
