@@ -27,6 +27,25 @@ def test_notebook_is_committed_stripped_with_python3_kernel(nb):
     assert data["metadata"]["kernelspec"]["name"] == "python3"
 
 
+CELL_ID = re.compile(r"^[a-zA-Z0-9-_]{1,64}$")    # nbformat 4.5's pattern for a cell id
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_every_cell_has_its_own_id(nb):
+    """nbformat >= 4.5 wants an id on every cell (code and markdown); without one it warns
+    on each read and makes up a new random id, which churns the diffs."""
+    data = json.loads(nb.read_text())
+    assert (data["nbformat"], data["nbformat_minor"]) >= (4, 5), f"{nb.name}: nbformat older than 4.5"
+    cells = data["cells"]
+    missing = [i for i, c in enumerate(cells) if "id" not in c]
+    assert not missing, f"{nb.name}: cells {missing} have no id"
+    bad = [(i, c["id"]) for i, c in enumerate(cells) if not CELL_ID.match(str(c["id"]))]
+    assert not bad, f"{nb.name}: ids not of 1-64 letters, digits, - or _: {bad}"
+    ids = [c["id"] for c in cells]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    assert not dup, f"{nb.name}: ids used by more than one cell: {dup}"
+
+
 def test_every_toc_entry_exists_and_every_notebook_is_listed():
     files = toc_files()
     missing = [f for f in files if not any((ROOT / f"{f}{ext}").exists() for ext in (".md", ".ipynb"))]

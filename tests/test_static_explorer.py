@@ -101,7 +101,7 @@ def test_slider_range_and_initial_value(page):
     html, data = page
     (rng,) = _with_class(_parse(html), "qkmlp-alpha")
     assert int(rng[1]["min"]) == 0 and int(rng[1]["max"]) == len(data["alphas"]) - 1
-    assert data["alphas"][int(rng[1]["value"])] == 2.0
+    assert data["alphas"][int(rng[1]["value"])] == 1.0   # opens at α = 1: one transform
     assert data["alphas"] == default_alphas()
     assert min(data["alphas"]) < 0 < max(data["alphas"])
 
@@ -210,7 +210,7 @@ def test_js_updates_text_and_plot(tmp_path, page):
                     root.locator(".qkmlp-plot circle").evaluate_all("cs => cs.map(c => c.getAttribute('cy')).join()")]
 
             t0 = texts()
-            assert t0[0] == "2"
+            assert t0[0] == "1"                         # opens at α = 1
             i = data["alphas"].index(-1.0)
             root.locator("input.qkmlp-alpha").fill(str(i))
             t1 = texts()

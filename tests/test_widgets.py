@@ -1,7 +1,11 @@
 """Headless tests of qkmlp.book.widgets: set a control, check numbers and figure follow the theorems."""
 from __future__ import annotations
 
+import io
 import math
+import re
+import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +18,8 @@ from qkmlp import activation_names, get_activation  # noqa: E402
 from qkmlp.book.widgets import (  # noqa: E402
     SymmetryExplorer,
     SLIDER_HEIGHT_PX,
+    SLIDER_TRACK_PX,
+    alpha_ticks,
     component_products,
     default_alphas,
     exchange_plane,
@@ -175,26 +181,110 @@ def test_bad_input():
         default_alphas(0.5)
 
 
+def _image_changes(ex):
+    """Record every new value of the panel's image widget (one entry per message sent)."""
+    seen = []
+    ex.image.observe(lambda change: seen.append(change["new"]), names="value")
+    return seen
+
+
 def test_hold_redraws_once(ex):
     ex.alpha.value = 1.0
-    calls = []
-    orig = ex.figure.savefig
-    ex.figure.savefig = lambda *a, **k: (calls.append(1), orig(*a, **k))
+    seen = _image_changes(ex)
     try:
         with ex.hold():
             ex.activation.value = "tanh"
             ex.alpha.value = -1.0
             ex.form.value = "gated"
     finally:
-        del ex.figure.savefig
-    assert len(calls) == 1
+        ex.image.unobserve_all("value")
+    assert len(seen) == 1
     assert ex.numbers()["scale_change"] <= TOL  # tanh is odd: α = −1 is a symmetry
+
+
+def _widgets_in(box):
+    out = [box]
+    for child in getattr(box, "children", ()):
+        out += _widgets_in(child)
+    return out
+
+
+def test_both_figures_change_in_one_image_update(ex):
+    """The scatter plots and the heat maps are one PNG: a move of α sends one image, and
+    that image is the two figures' pixels stacked (decoded here, compared pixel for pixel
+    with each figure drawn on its own)."""
+    import ipywidgets as W
+    from PIL import Image
+
+    images = [w for w in _widgets_in(ex.widget) if isinstance(w, W.Image)]
+    assert images == [ex.image]
+    ex.alpha.value = 1.0
+    seen = _image_changes(ex)
+    try:
+        ex.alpha.value = 2.0
+    finally:
+        ex.image.unobserve_all("value")
+    assert len(seen) == 1
+    got = np.asarray(Image.open(io.BytesIO(seen[0])).convert("RGBA"))
+    parts = []
+    for fig in (ex.figure, ex.plane_figure):
+        buf = io.BytesIO()
+        fig.savefig(buf, format="raw", dpi=fig.dpi)       # the figure alone, RGBA bytes
+        w, h = (int(round(v)) for v in fig.get_size_inches() * fig.dpi)
+        parts.append(np.frombuffer(buf.getvalue(), np.uint8).reshape(h, w, 4))
+    assert got.shape[0] == sum(p.shape[0] for p in parts) and got.shape[1] == max(p.shape[1] for p in parts)
+    top = parts[0].shape[0]
+    np.testing.assert_array_equal(got[:top, :parts[0].shape[1]], parts[0])
+    np.testing.assert_array_equal(got[top:, :parts[1].shape[1]], parts[1])
+
+
+def test_no_warning_after_the_book_set_its_figure_style():
+    """figures.panel() turns on constrained layout in rcParams; the explorer's scatter figure
+    sets its own margins and must not warn about a layout engine (it did, in red, in Lab)."""
+    from qkmlp.book import figures
+
+    figures.panel()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        e = symmetry_explorer(alphas=[-1.0, 1.0, 2.0], activations=["silu", "relu"])
+        e.alpha.value = 2.0
+
+
+def test_opens_at_alpha_one():
+    assert SymmetryExplorer(activation="relu", activations=["relu"]).alpha.value == 1.0
 
 
 def test_repr_mimebundle(ex):
     bundle = ex._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert "text/html" not in bundle                     # no static page given
     assert math.isfinite(ex.numbers()["scale_change"])
+
+
+def test_static_html_rides_beside_the_widget_view():
+    """JupyterLab renders the widget view (rank above HTML); the website build renders the
+    text/html (see test_website_build_prefers_html_over_the_widget_view)."""
+    page = "<div class='qkmlp-static-explorer'>static</div>"
+    e = SymmetryExplorer(activation="relu", activations=["relu"], static_html=page)
+    bundle = e._repr_mimebundle_()
+    assert bundle["text/html"] == page
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == e.widget.model_id
+    with pytest.raises(TypeError, match="static_html must be a str"):
+        SymmetryExplorer(activation="relu", activations=["relu"], static_html=b"<div></div>")
+
+
+def test_website_build_prefers_html_over_the_widget_view():
+    """The book's Sphinx config, read as myst-nb reads it: for the html builder text/html
+    outranks the widget view, so the website shows the static explorer."""
+    yaml = pytest.importorskip("yaml")
+    render = pytest.importorskip("myst_nb.core.render")
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "_config.yml").read_text())
+    overrides = [tuple(o) for o in config["sphinx"]["config"]["nb_mime_priority_overrides"]]
+    order = render.get_mime_priority("html", overrides)
+    assert order.index("text/html") < order.index("application/vnd.jupyter.widget-view+json")
+    # without the override myst-nb would show the (dead, offline) widget view
+    base = render.get_mime_priority("html", [])
+    assert base.index("text/html") > base.index("application/vnd.jupyter.widget-view+json")
 
 
 def test_one_thread_restores_thread_count():
@@ -304,20 +394,58 @@ def test_plane_figure_follows_the_controls(ex):
     assert np.abs(diff).max() > 1.0                     # gated silu: the exchange breaks
     clims = {im.get_clim() for im in ex.plane_images}
     assert len(clims) == 1 and clims.pop()[1] == pytest.approx(max(np.abs(unit).max(), np.abs(diff).max()))
-    png = ex.plane_image.value
+    png = ex.image.value
     ex.alpha.value = 2.0
     unit2 = np.asarray(ex.plane_images[0].get_array())
     i, j = 16, 12                                       # b = 2, a = 1
     assert unit2[i, j] == pytest.approx(_silu(2.0 * 1.0) * (2.0 / 2.0), rel=1e-12)
-    assert ex.plane_image.value != png and ex.plane_image.value[:4] == b"\x89PNG"
+    assert ex.image.value != png and ex.image.value[:4] == b"\x89PNG"
     ex.form.value = "symmetric"
     unit, swap, diff = (np.asarray(im.get_array()) for im in ex.plane_images)
     assert np.array_equal(unit, swap) and not diff.any()
     assert len(ex.plane_figure.axes) == n_axes
-    assert ex.plane_image in ex.widget.children
+    assert ex.image in ex.widget.children
     ex.form.value = "gated"
 
 
 def test_slider_is_a_touch_target(ex):
     assert SLIDER_HEIGHT_PX >= 44
     assert ex.alpha.layout.height == f"{SLIDER_HEIGHT_PX}px"
+
+
+def test_slider_track_is_long_and_starts_where_the_ticks_do(ex):
+    """Track: the slider's width less its description box and the margins around the
+    track, as measured in JupyterLab 4.6 with ipywidgets 8.1 in Chromium: the track starts
+    12 px after the description and ends 8 px before the slider's edge (there the track
+    measured 400 px and the ticks at α = ±1 sat within 2 px of the handle; this checks the
+    arithmetic, a real JupyterLab the pixels)."""
+    style_px = int(ex.alpha.style.description_width.removesuffix("px"))
+    width_px = int(ex.alpha.layout.width.removesuffix("px"))
+    track = width_px - (style_px + 12) - 8
+    assert track == SLIDER_TRACK_PX >= 200
+    assert ex.alpha.readout is False                     # no readout of varying width
+    assert ex.alpha_ticks.layout.width == ex.alpha.layout.width
+    margin = re.search(r"margin:0 (\d+)px 0 (\d+)px", ex.alpha_ticks.value)
+    assert (int(margin.group(2)), int(margin.group(1))) == (style_px + 12, 8)
+
+
+def test_ticks_label_minus_one_and_one_where_the_handle_stops(ex):
+    values = [v for _, v in ex.alpha.options]
+    labels = {text: float(left) for _, left, text in re.findall(
+        r"data-index='(\d+)' style='position:absolute;left:([0-9.]+)%;top:5px[^>]*>([^<]+)<",
+        ex.alpha_ticks.value)}
+    n = len(values) - 1
+    for alpha, text in ((-1.0, "\u22121"), (1.0, "1")):
+        assert labels[text] == pytest.approx(100 * values.index(alpha) / n, abs=1e-3)
+    ex.alpha.value = -1.0
+    assert ex.alpha_value.value == "α = \u22121"
+    ex.alpha.value = 1.0
+
+
+def test_alpha_ticks_marks_powers_of_two_and_labels_the_ends():
+    ticks = alpha_ticks([-3.0, -2.0, -1.5, 1.0, 1.5, 8.0])
+    assert ticks == [(0, 0.0, "\u22123"), (1, 0.2, None), (3, 0.6, "1"), (5, 1.0, "8")]
+    with pytest.raises(ValueError, match="at least 2"):
+        alpha_ticks([1.0])
+    with pytest.raises(ValueError, match="finite and non-zero"):
+        alpha_ticks([1.0, 0.0])

@@ -396,7 +396,7 @@ def _colorbar_svg(palette: Sequence[str]) -> str:
     )
 
 
-def static_explorer_html(*, activation: Optional[str] = None, form: str = "gated", alpha: float = 2.0,
+def static_explorer_html(*, activation: Optional[str] = None, form: str = "gated", alpha: float = 1.0,
                          rank: Optional[int] = None, ranks: Sequence[int] = (1,),
                          alphas: Optional[Sequence[float]] = None,
                          activations: Optional[Sequence[str]] = None,

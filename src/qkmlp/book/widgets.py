@@ -11,7 +11,14 @@ Two layers of code:
   place (``set_offsets`` on existing artists) and shown as PNG bytes in an
   ``ipywidgets.Image``, so moving a control never piles up figures or flickers. A second
   figure draws the unit's function on the (a, b) plane (:func:`exchange_plane`): the unit,
-  its swap and their difference as heat maps, updated in place the same way.
+  its swap and their difference as heat maps, updated in place the same way. Both figures
+  are stacked into one PNG, so the two redraw together, in one update of one image.
+
+Where it is shown: in a running kernel (JupyterLab) the live panel; where no kernel runs
+(the website), the static HTML explorer given as ``static_html``. The panel's display
+bundle carries both, the live widget view and that ``text/html``: JupyterLab renders the
+widget view before HTML, and the book's Sphinx build ranks ``text/html`` first
+(``nb_mime_priority_overrides`` in ``_config.yml``).
 
 What is measured, for a fixed random layer (float64) and batch x:
 
@@ -46,6 +53,8 @@ __all__ = [
     "FORMS",
     "PLANE_CMAP",
     "SLIDER_HEIGHT_PX",
+    "SLIDER_TRACK_PX",
+    "alpha_ticks",
     "default_alphas",
     "one_thread",
     "make_layer",
@@ -68,6 +77,16 @@ _LAYERS = {"gated": GatedMLP, "symmetric": SymmetricBilinearMLP}
 PLANE_CMAP = "PuOr_r"
 #: Height of the α slider, CSS px: a touch target at least 44 px tall.
 SLIDER_HEIGHT_PX = 44
+#: Length of the live α slider's track, CSS px (34 values: about 12 px a step).
+SLIDER_TRACK_PX = 400
+# The slider's box around its track: the description ("α", given this width) and the
+# margins ipywidgets 8 puts around the track, measured in JupyterLab 4.6 (Chromium): the
+# track starts 12 px after the description and ends 8 px before the slider's right edge.
+# The tick row under the slider starts and ends where the track does.
+_SLIDER_LABEL_PX = 24
+_TRACK_LEFT_PX = _SLIDER_LABEL_PX + 12
+_TRACK_RIGHT_PX = 8
+_SLIDER_WIDTH_PX = _TRACK_LEFT_PX + SLIDER_TRACK_PX + _TRACK_RIGHT_PX
 
 #: Default sizes of the explorer's fixed random layer and batch.
 D_MODEL, D_HIDDEN, BATCH = 8, 16, 64
@@ -99,6 +118,50 @@ def default_alphas(max_alpha: float = 4.0, steps_per_octave: int = 4) -> list[fl
     kmax = int(math.floor(math.log2(max_alpha) * steps_per_octave + 1e-9))
     pos = [2.0 ** (k / steps_per_octave) for k in range(-kmax, kmax + 1)]
     return [-a for a in reversed(pos)] + pos
+
+
+def _alpha_label(a: float) -> str:
+    return f"{a:g}".replace("-", "\u2212")
+
+
+def alpha_ticks(alphas: Sequence[float]) -> list[tuple[int, float, Optional[str]]]:
+    """The α slider's tick marks: ``(index, fraction, label)`` for each value of
+    ``alphas`` that is ± a power of two or an end of the track, where
+    ``fraction = index / (len(alphas) − 1)`` is the handle's position along the track (a
+    selection slider spaces its values evenly).
+
+    Labelled (``label`` a string such as ``"−1"``): α = −1, α = 1 and the two ends; the
+    other ticks have ``label`` None.
+    """
+    alphas = [float(a) for a in alphas]
+    if len(alphas) < 2:
+        raise ValueError(f"alphas must hold at least 2 values, got {len(alphas)}")
+    last = len(alphas) - 1
+    out = []
+    for i, a in enumerate(alphas):
+        if not (math.isfinite(a) and a != 0):
+            raise ValueError(f"alphas must be finite and non-zero, got {a!r}")
+        labelled = abs(a) == 1 or i in (0, last)
+        if labelled or math.log2(abs(a)) % 1 == 0:
+            out.append((i, i / last, _alpha_label(a) if labelled else None))
+    return out
+
+
+def _ticks_html(alphas: Sequence[float]) -> str:
+    """The row of tick marks and labels drawn under the α slider's track."""
+    marks = []
+    for i, frac, label in alpha_ticks(alphas):
+        left = f"{100 * frac:.4f}%"
+        marks.append(f"<span class='qkmlp-tick' data-index='{i}' style='position:absolute;left:{left};"
+                     "top:0;height:6px;border-left:1px solid #555'></span>")
+        if label is not None:
+            weight = "600" if abs(alphas[i]) == 1 else "400"
+            marks.append(f"<span class='qkmlp-tick-label' data-index='{i}' style='position:absolute;"
+                         f"left:{left};top:5px;transform:translateX(-50%);font-weight:{weight}'>"
+                         f"{label}</span>")
+    return (f"<div class='qkmlp-alpha-ticks' style='position:relative;height:22px;"
+            f"margin:0 {_TRACK_RIGHT_PX}px 0 {_TRACK_LEFT_PX}px;font-size:12px;line-height:16px;"
+            f"color:#333'>{''.join(marks)}</div>")
 
 
 def _check_form(form: str) -> str:
@@ -261,16 +324,25 @@ class SymmetryExplorer:
     registry), ``.form`` (Dropdown: gated / symmetric), ``.rank`` (IntSlider).
     Setting any control's ``.value`` updates :meth:`numbers`, the readout and both figures.
     ``.figure`` is the matplotlib Figure; ``.scale_points`` / ``.swap_points`` its two
-    scatter artists; ``.image`` the ipywidgets.Image that shows it. ``.plane_figure`` draws
-    :func:`exchange_plane` at the current form, σ and α: ``.plane_images`` are its three
-    heat maps (unit, swap, unit − swap) on one colour scale symmetric about 0 (the largest
-    magnitude of the three), shown by ``.plane_image``. The α slider's layout is
-    ``SLIDER_HEIGHT_PX`` (44) px tall, a touch target.
+    scatter artists. ``.plane_figure`` draws :func:`exchange_plane` at the current form, σ
+    and α: ``.plane_images`` are its three heat maps (unit, swap, unit − swap) on one colour
+    scale symmetric about 0 (the largest magnitude of the three). ``.image``, one
+    ipywidgets.Image, shows both figures stacked in one PNG, so they change together.
+
+    The α slider is ``SLIDER_HEIGHT_PX`` (44) px tall, a touch target, and its track
+    ``SLIDER_TRACK_PX`` (400) px long; ``.alpha_ticks`` (ipywidgets.HTML) marks the powers
+    of two under it and labels α = −1, 1 and the ends (:func:`alpha_ticks`);
+    ``.alpha_value`` shows the current α.
+
+    ``static_html``: HTML to show where no kernel runs the widgets (the website's static
+    explorer, :func:`qkmlp.book.static_explorer.static_explorer_html`); it goes into the
+    display bundle as ``text/html`` beside the live widget view.
     """
 
-    def __init__(self, *, activation: str = "silu", form: str = "gated", alpha: float = 2.0,
+    def __init__(self, *, activation: str = "silu", form: str = "gated", alpha: float = 1.0,
                  rank: int = 1, max_rank: int = 4, alphas: Optional[Sequence[float]] = None,
-                 activations: Optional[Sequence[str]] = None, seed: int = 0) -> None:
+                 activations: Optional[Sequence[str]] = None, seed: int = 0,
+                 static_html: Optional[str] = None) -> None:
         import ipywidgets as W
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -289,22 +361,35 @@ class SymmetryExplorer:
         _check_form(form)
         if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= max_rank:
             raise ValueError(f"rank must be an integer in 1..{max_rank}, got {rank!r}")
+        if static_html is not None and not isinstance(static_html, str):
+            raise TypeError(f"static_html must be a str of HTML or None, got {type(static_html).__name__}")
+        self.static_html = static_html
 
         self.seed = seed
         self.x = make_batch(seed=seed + 1)
         self._a, self._b = _grid()
+        # no built-in readout (its width varies with the text): .alpha_value shows α, and
+        # the track runs from _TRACK_LEFT_PX to _TRACK_RIGHT_PX from the slider's edges
         self.alpha = W.SelectionSlider(options=[(f"{a:.3g}", a) for a in alphas], value=alpha,
-                                       description="α", continuous_update=True,
-                                       layout=W.Layout(height=f"{SLIDER_HEIGHT_PX}px"))
+                                       description="α", continuous_update=True, readout=False,
+                                       style={"description_width": f"{_SLIDER_LABEL_PX}px"},
+                                       layout=W.Layout(height=f"{SLIDER_HEIGHT_PX}px",
+                                                       width=f"{_SLIDER_WIDTH_PX}px",
+                                                       max_width="100%"))
+        self.alpha_ticks = W.HTML(_ticks_html(alphas),
+                                  layout=W.Layout(width=f"{_SLIDER_WIDTH_PX}px", max_width="100%"))
+        self.alpha_value = W.HTML(layout=W.Layout(min_width="5.5em"))
         self.activation = W.Dropdown(options=names, value=activation, description="σ")
         self.form = W.Dropdown(options=list(FORMS), value=form, description="form")
         self.rank = W.IntSlider(min=1, max=max_rank, value=rank, description="rank r")
         self.readout = W.HTML()
-        # the PNG is 600 px wide; on a narrow screen it shrinks to the width of the page
+        # the PNG (both figures) is 600 px wide; on a narrow screen it shrinks to the page
         self.image = W.Image(format="png", layout=W.Layout(width="100%", max_width="600px",
                                                            height="auto"))
 
-        fig = Figure(figsize=(7.5, 3.4), dpi=80)
+        # its own margins (subplots_adjust): no layout engine, whatever the rcParams say
+        # (figures.panel() turns on constrained layout for the book's figures)
+        fig = Figure(figsize=(7.5, 3.4), dpi=80, layout="none")
         FigureCanvasAgg(fig)
         self.figure = fig
         self._ax_scale, self._ax_swap = fig.subplots(1, 2)
@@ -350,8 +435,6 @@ class SymmetryExplorer:
             self._plane_colorbar = fig.colorbar(self.plane_images[0], ax=list(axes), shrink=0.9,
                                                 aspect=15, pad=0.02)
         self.plane_figure, self._plane_axes = fig, list(axes)
-        self.plane_image = W.Image(format="png", layout=W.Layout(width="100%", max_width="600px",
-                                                                 height="auto"))
 
     def _draw_plane(self, form: str, act: str, alpha: float) -> None:
         import matplotlib
@@ -370,9 +453,23 @@ class SymmetryExplorer:
                 ax.set_title(title)
             self.plane_figure.suptitle(f"{form}, σ = {act}, α = {alpha:.3g}: one rank component "
                                        "on the (a, b) plane")
-            buf = io.BytesIO()
-            self.plane_figure.savefig(buf, format="png")
-        self.plane_image.value = buf.getvalue()
+
+    def _png(self) -> bytes:
+        """Both figures, the scatter plots above the heat maps, as one PNG."""
+        import matplotlib
+        from PIL import Image
+
+        rows = []
+        for fig, rc in ((self.figure, {}), (self.plane_figure, self._plane_rc)):
+            with matplotlib.rc_context(rc):
+                fig.canvas.draw()
+            rows.append(np.asarray(fig.canvas.buffer_rgba()))
+        width = max(r.shape[1] for r in rows)
+        rows = [np.pad(r, ((0, 0), (0, width - r.shape[1]), (0, 0)), constant_values=255)
+                for r in rows]
+        buf = io.BytesIO()
+        Image.fromarray(np.vstack(rows)).save(buf, format="png")
+        return buf.getvalue()
 
     # model --------------------------------------------------------------------------
     @property
@@ -433,10 +530,9 @@ class SymmetryExplorer:
             ax.set_title(title, fontsize=10)
         self.figure.suptitle(f"{form}, σ = {act}, α = {alpha:.3g}, one rank component on a 7×7 (a, b) grid",
                              fontsize=10)
-        buf = io.BytesIO()
-        self.figure.savefig(buf, format="png")
-        self.image.value = buf.getvalue()
         self._draw_plane(form, act, alpha)
+        self.image.value = self._png()          # one message: both figures change at once
+        self.alpha_value.value = "α = " + f"{alpha:.3g}".replace("-", "\u2212")
         self.readout.value = self._readout_html(nums)
 
     @staticmethod
@@ -463,17 +559,21 @@ class SymmetryExplorer:
 
         if not hasattr(self, "_box"):
             wrap = W.Layout(flex_flow="row wrap")   # controls wrap onto lines on a phone
+            slider = W.VBox([self.alpha, self.alpha_ticks], layout=W.Layout(max_width="100%"))
             self._box = W.VBox([
-                W.HBox([self.alpha, self.activation], layout=wrap),
-                W.HBox([self.form, self.rank], layout=wrap),
+                W.HBox([slider, self.alpha_value], layout=wrap),
+                W.HBox([self.activation, self.form, self.rank], layout=wrap),
                 self.readout,
                 self.image,
-                self.plane_image,
             ], layout=W.Layout(max_width="100%"))
         return self._box
 
     def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
+        """The live widget view, plus ``text/html`` (``static_html``) where it was given."""
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        if self.static_html is not None and bundle is not None:
+            bundle = {**bundle, "text/html": self.static_html}
+        return bundle
 
 
 def symmetry_explorer(**kwargs) -> SymmetryExplorer:
