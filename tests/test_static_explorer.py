@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 from html.parser import HTMLParser
@@ -104,6 +105,20 @@ def test_slider_range_and_initial_value(page):
     assert data["alphas"][int(rng[1]["value"])] == 1.0   # opens at α = 1: one transform
     assert data["alphas"] == default_alphas()
     assert min(data["alphas"]) < 0 < max(data["alphas"])
+
+
+def test_slider_ticks_mark_the_powers_of_two(page):
+    """The range input's datalist (tick marks where the browser draws them) holds the
+    slider positions of α = ±2^k, found here from the stored α grid."""
+    html, data = page
+    tags = _parse(html)
+    (rng,) = _with_class(tags, "qkmlp-alpha")
+    (datalist,) = [t for t in tags if t[0] == "datalist"]
+    assert datalist[1]["id"] == rng[1]["list"] == "ex-a-alpha-ticks"
+    marks = [int(a["value"]) for tag, a, stack in tags if tag == "option" and ("datalist", "") in stack]
+    alphas = data["alphas"]
+    assert marks == [i for i, a in enumerate(alphas) if math.log2(abs(a)).is_integer()]
+    assert alphas.index(-1.0) in marks and alphas.index(1.0) in marks
 
 
 def test_ids_do_not_collide():

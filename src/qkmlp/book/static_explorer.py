@@ -45,6 +45,7 @@ from .widgets import (
     SLIDER_HEIGHT_PX,
     _check_form,
     _grid,
+    alpha_ticks,
     component_products,
     default_alphas,
     exchange_plane,
@@ -485,9 +486,12 @@ def static_explorer_html(*, activation: Optional[str] = None, form: str = "gated
         '<div class="qkmlp-controls">'
         f'<label class="qkmlp-alpha-label"><span>α = <span class="qkmlp-alpha-value">{alpha:.3g}</span></span> '
         f'<input type="range" class="qkmlp-alpha" min="0" max="{len(data["alphas"]) - 1}" '
-        f'step="1" value="{i0}" '
+        f'step="1" value="{i0}" list="{uid}-alpha-ticks" '
         'aria-label="alpha (index into a log-spaced grid of negative and positive values)">'
         "</label>"
+        f'<datalist id="{uid}-alpha-ticks">'
+        + "".join(f'<option value="{i}"></option>' for i, _, _ in alpha_ticks(data["alphas"]))
+        + "</datalist>"
         f'<label>σ <select class="qkmlp-activation">{options(data["activations"], activation)}'
         "</select></label>"
         f'<label>form <select class="qkmlp-form">{options(data["forms"], form)}</select></label>'
