@@ -7,6 +7,11 @@ inline execution, set per notebook by its ``mystnb`` metadata); JupyterLab evalu
 when the markdown cell runs (jupyterlab-myst). Both show the value's plain-text form, so a
 :class:`Text` reads exactly as written, with no quotes, in both places. The prefix keeps
 the shown numbers apart from the chapter's own variables.
+
+The two evaluate at different moments: the website when the page reaches the sentence,
+JupyterLab after *Run All* has queued every code cell (it sees the kernel's state at the
+end of the notebook). A name bound once, to one value, reads the same in both; that is why
+:func:`bind` refuses a second, different value for a name.
 """
 from __future__ import annotations
 
