@@ -64,12 +64,17 @@ def test_the_chapters_book_commands_parse(chapter):
 # chapter's first learner-pass commit, counted the same way on the notebook as committed
 # there: chapter 1, 1,908 words at f5f7428 (the parent of 1125fc8); chapter 2, 1,844 at
 # 1125fc8 (the parent of c561ff9); chapter 3, 2,611 at c561ff9 (the parent of c76d1f6).
-# Each chapter keeps at least the detours it has (5 / 5 / 8) and its coding exercise.
+# The limit moves by the words of the short proofs shown inline (issue 56: a proof of three
+# lines or fewer is on the main path, tests/test_book_folds.py), and by nothing else.
+# Each chapter keeps its detours (5 / 5 / 4: chapter 3 had 8, four of them the folded
+# short proofs of corollary 3.1, proposition 3.1, lemma 3.1 and proposition 3.2, now
+# inline) and its coding exercise.
+from test_book_folds import main_path_proof_words  # noqa: E402
 from test_page_commands_ch04_06 import DETOUR, main_path_words  # noqa: E402
 
 BEFORE = {"01_key_value": (1908, "f5f7428"), "02_dynamic_query": (1844, "1125fc8"),
           "03_bilinear_attention": (2611, "c561ff9")}
-DETOURS = {"01_key_value": 5, "02_dynamic_query": 5, "03_bilinear_attention": 8}
+DETOURS = {"01_key_value": 5, "02_dynamic_query": 5, "03_bilinear_attention": 4}
 
 
 def _cells(chapter: str) -> list[dict]:
@@ -79,7 +84,7 @@ def _cells(chapter: str) -> list[dict]:
 @pytest.mark.parametrize("chapter", sorted(BEFORE))
 def test_the_main_path_is_at_most_half(chapter):
     cells = _cells(chapter)
-    assert main_path_words(cells) <= BEFORE[chapter][0] / 2
+    assert main_path_words(cells) <= BEFORE[chapter][0] / 2 + main_path_proof_words(cells)
     markdown = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     assert markdown.count(DETOUR) >= DETOURS[chapter]
     assert re.search(r":label: ch0\d-ex-code\n\nWrite it yourself", markdown)
