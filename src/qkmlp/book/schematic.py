@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from . import figures
 
-__all__ = ["PANELS", "unit_schematic"]
+__all__ = ["PANELS", "unit_schematic", "schematic_svg", "write_schematic"]
 
 #: The panel names, in the order of the book's argument.
 PANELS = ("attention", "key_value", "bilinear", "symmetric", "gated")
@@ -244,3 +244,43 @@ def unit_schematic(panels=None):
         raise ValueError(f"{what}; the panels are {list(PANELS)}")
     with matplotlib.rc_context(figures.RC):
         return [_DRAW[n]() for n in names]
+
+
+def schematic_svg(panel: str) -> str:
+    """One panel of :func:`unit_schematic` as SVG text that is the same on every run.
+
+    The text is drawn as paths, the ids come from a fixed salt, and the file carries no
+    date or software stamp, so a committed copy can be checked against a fresh one.
+    """
+    import io
+
+    import matplotlib
+
+    (fig,) = unit_schematic((panel,))
+    buf = io.StringIO()
+    with matplotlib.rc_context({**figures.RC, "svg.hashsalt": f"qkmlp-{panel}"}):
+        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+    return buf.getvalue()
+
+
+def write_schematic(folder, panels=("symmetric", "gated")) -> list:
+    """Write ``schematic-<panel>.svg`` for each panel into ``folder`` (made if missing).
+
+    Returns the paths written. The README and the introduction show the committed
+    ``book/_static/schematic-symmetric.svg`` and ``schematic-gated.svg``, made by
+    ``python -m qkmlp.book schematic --out book/_static``.
+    """
+    from pathlib import Path
+
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(f"--out must be a folder for the schematic, got the file {folder}")
+    names = (panels,) if isinstance(panels, str) else tuple(panels)
+    svgs = {name: schematic_svg(name) for name in names}   # checks every name before writing
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in svgs.items():
+        path = folder / f"schematic-{name}.svg"
+        path.write_text(text)
+        paths.append(path)
+    return paths
