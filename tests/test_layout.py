@@ -1,4 +1,4 @@
-"""The package's layout stays as the README's Layout section says: imports inside
+"""The package's layout stays as the API page's package table says (book/api.md): imports inside
 ``src/qkmlp`` run one way (no cycle, lazy imports inside functions included), no module
 is over 700 lines, and ``import qkmlp`` loads the layer library only."""
 from __future__ import annotations

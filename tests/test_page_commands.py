@@ -1,4 +1,5 @@
-"""The commands that the README, the API page and the running-locally page show a reader
+"""The commands that the README, the API page, the running-locally page and the reproduce
+page show a reader
 exist and run (issue 46, item 9). tests/test_page_commands_intro_ch01_03.py does the same
 for the introduction and chapters 1-3.
 
@@ -25,7 +26,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = ["README.md", "book/api.md", "book/running_locally.md"]
+PAGES = ["README.md", "book/api.md", "book/running_locally.md", "book/reproduce.md"]
 SPAN = re.compile(r"`([^`]+)`")
 BLOCK = re.compile(r"```bash\n(.*?)```", re.S)
 QKMLP = re.compile(r"-m (qkmlp(?:\.\w+)*)((?: +[^ ]+)*)")
@@ -61,8 +62,10 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess:
 
 def test_the_pages_show_the_commands_this_test_expects():
     found = {page: {mod for mod, _ in _qkmlp_commands(page)} for page in PAGES}
+    # every pipeline's command is on the reproduce page, which the README points to
     assert {"qkmlp.bench", "qkmlp.experiments", "qkmlp.experiments.width", "qkmlp.pretrained",
-            "qkmlp.pretrained.retrain", "qkmlp.pretrained.robustness", "qkmlp.book"} <= found["README.md"]
+            "qkmlp.pretrained.retrain", "qkmlp.pretrained.robustness", "qkmlp.book"} <= found["book/reproduce.md"]
+    assert "book/reproduce.md" in (ROOT / "README.md").read_text()
     assert "qkmlp.pretrained" in found["book/api.md"]
     # the pretrained CLI needs --out: the pages show it
     for page in PAGES:
