@@ -1026,7 +1026,9 @@ def test_checks_catch_known_defects(book_build, browser, tmp_path):
     target = tmp_path / root
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(_defect_page(book_build.html, root))
-    (tmp_path / "_static").symlink_to(book_build.html / "_static", target_is_directory=True)
+    for assets in ("_static", "_images"):          # the root page's figures live in _images
+        if (book_build.html / assets).is_dir():
+            (tmp_path / assets).symlink_to(book_build.html / assets, target_is_directory=True)
     server = _Server(tmp_path)
     found: dict[str, dict[str, list[str]]] = {}
     stats: dict[str, dict] = {}
@@ -1107,7 +1109,9 @@ def test_a_stacked_table_reads_on_a_phone_and_stays_a_table_on_a_laptop(book_bui
                   lambda m: m[1] + f'<section id="qk-tables"><h2>Planted tables</h2>{stacked}{plain}</section>',
                   text, count=1)
     page_path.write_text(text)
-    (tmp_path / "_static").symlink_to(book_build.html / "_static", target_is_directory=True)
+    for assets in ("_static", "_images"):          # the root page's figures live in _images
+        if (book_build.html / assets).is_dir():
+            (tmp_path / assets).symlink_to(book_build.html / assets, target_is_directory=True)
     server = _Server(tmp_path)
     got = {}
     try:
