@@ -63,6 +63,14 @@ def test_the_readme_has_what_a_newcomer_looks_for():
     assert re.search(r"@misc\{breslow2026gated,", text)
 
 
+def test_the_readme_and_the_reproduce_page_give_the_same_make_test_time():
+    pattern = r"`bash \.ci/run` \(which calls\s+`make test`\) took ([\d ,.]+min [\d.]+ s) wall"
+    readme = re.search(pattern, README.read_text())
+    page = re.search(pattern, (ROOT / "book" / "reproduce.md").read_text())
+    assert readme and page, "both say how long `bash .ci/run` took"
+    assert " ".join(readme.group(1).split()) == " ".join(page.group(1).split())
+
+
 def _readme_example() -> str:
     block = re.search(r"## The layers in ten lines\n\n```python\n(.*?)```", README.read_text(), re.S).group(1)
     assert len(block.strip().splitlines()) <= 10
