@@ -175,7 +175,7 @@ def test_the_answer_has_its_numbers(why_answer):
 def test_the_readme_gives_the_why_pages_answer(why_answer):
     text = README.read_text()
     section = text.split(f"## {ANSWER_TITLE}\n", 1)[1].split("\n## ", 1)[0]
-    assert _plain(section) == why_answer
+    assert _plain(section) == why_answer, f"README's answer is not the why page's; it reads:\n{why_answer}"
 
 
 def test_the_intro_gives_the_why_pages_answer(why_answer):
@@ -183,7 +183,7 @@ def test_the_intro_gives_the_why_pages_answer(why_answer):
     box = re.search(rf"```{{admonition}} {re.escape(ANSWER_TITLE)}\n:class: important\n\n(.*?)```",
                     text, re.S)
     assert box, "the introduction has no answer box"
-    assert _plain(box.group(1)) == why_answer
+    assert _plain(box.group(1)) == why_answer, f"the intro's answer is not the why page's; it reads:\n{why_answer}"
     # a changed number would be caught
     assert _plain(box.group(1).replace("48%", "49%")) != why_answer
 
