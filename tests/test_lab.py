@@ -4,21 +4,30 @@ Playwright with real clicks and key presses.
 
 For each notebook a reader opens first (chapters 1, 4, 5, 9, 11 and the why page), the
 test opens it, runs all cells from the Run menu, waits until every code cell has an
-execution count and the kernel is idle, and then reads the page as rendered by
-jupyterlab-myst. It fails on:
+execution count and the kernel is idle, shows the folded cells' code (View > Expand All
+Code, so that their counts show) and then reads the page as rendered by jupyterlab-myst.
+It fails on:
 
 - raw MyST in a rendered markdown cell: a directive fence (```` ```{ ````, ``:::{``), a
   role left as text (``{doc}`...` ``, ``{cite:p}`...` ``, ``{eval}`...` ``, ``{glue...}``,
-  any ``{name}`...` ``), an option line (``:class: important``, ``:label: ...``);
+  any ``{name}`...` ``), an option line (``:class: important``, ``:label: ...``), a
+  directive jupyterlab-myst does not know (its red "Unknown Directive" box), a role it does
+  not know (shown as its bare text: a ``{glue:text}`key` `` reads as ``key``), a
+  cross-reference it cannot resolve (its "Cross Reference Not Found" mark), a
+  solution-start/solution-end pair (an empty "Start of Solution" box, the answer outside);
 - a missing number: an ``{eval}`` expression of the cell's source that did not render
   (jupyterlab-myst shows an unevaluated inline expression as ``<code>expression</code>``,
   and an expression that raised as its error);
 - any output on stderr (warnings included) and any traceback;
-- a code cell without an execution count after Run All, a widget that failed to display,
+- a code cell without an execution count after Run All, a dialog the reader must answer,
+  a widget that failed to display,
   the website's static explorer shown in Lab (the live one is Lab's), a request leaving
   the machine, the "get notified about Jupyter news?" toast;
 - chapter 5: the live explorer's α slider shorter than 200 px, or heat maps that do not
   redraw when the slider moves by a key press on the focused slider handle.
+
+test_checks_catch_planted_defects runs two small notebooks with one defect of each kind
+and requires every check to report its defect (and a good ``{eval}`` to show its value).
 
 Each failure lists its problems as ``notebook, cell index: what (offending text)``, a
 checklist for fixing the notebooks. A screenshot of each notebook after Run All (the top
@@ -272,6 +281,20 @@ def _source_roles(notebook: Path) -> tuple[dict[int, list[str]], dict[int, list[
     return evals, roles, empty
 
 
+def _answer_dialogs(page, run: Run) -> None:
+    """Record any dialog Lab shows (a reader would have to answer it) and accept it."""
+    for _ in range(5):
+        dialog = page.locator(".jp-Dialog")
+        if not dialog.count():
+            return
+        text = " ".join(dialog.first.inner_text().split())
+        run.problems.append(f"{run.name}: JupyterLab showed a dialog: {text[:200]!r}")
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / f"{run.name}-dialog.png"))
+        dialog.first.locator(".jp-Dialog-button.jp-mod-accept").first.click(timeout=10_000)
+        time.sleep(1)
+
+
 def _run_all(lab: Lab, context, name: str) -> Run:
     page = context.new_page()
     run = Run(name, page)
@@ -311,9 +334,13 @@ def _run_all(lab: Lab, context, name: str) -> Run:
             if clicks == 5:
                 run.problems.append(f"{name}: Run > Run All Cells ran no cell in 5 tries")
                 break
+            _answer_dialogs(page, run)
             page.keyboard.press("Escape")
-            page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-            page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
+            try:
+                page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click(timeout=10_000)
+                page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click(timeout=10_000)
+            except sync_api.TimeoutError:  # a dialog came up in between: answered next round
+                pass
             clicks, idle_since = clicks + 1, None
         elif idle and time.monotonic() - idle_since > 10:
             break  # Run All stopped (an error): the cells left without a count are reported
@@ -321,19 +348,24 @@ def _run_all(lab: Lab, context, name: str) -> Run:
     else:
         run.problems.append(f"{name}: Run All did not finish in {RUN_ALL_S} s (state {state})")
     run.seconds = time.monotonic() - t0
+    _answer_dialogs(page, run)
     # Let the markdown cells render their {eval} results.
     time.sleep(2)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.evaluate("() => { const s = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer');"
+                  " if (s) s.scrollTop = 0; }")
+    time.sleep(0.5)
+    page.screenshot(path=str(SHOTS / f"{name}.png"))
+    # Folded cells (hide-cell) show no prompt: View > Expand All Code shows their counts.
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^View$")).click()
+    page.locator(".lm-Menu-item[data-command='notebook:show-all-cell-code']").click()
+    time.sleep(1)
     found = page.evaluate(_PROBLEMS_JS, {"evals": {str(k): v for k, v in evals.items()},
                                          "roles": {str(k): v for k, v in roles.items()}})
     if found["count"] != n_cells:
         run.problems.append(f"{name}: JupyterLab shows {found['count']} cells, the notebook has {n_cells}")
     run.problems += [f"{name}, cell {p['cell']}: {p['what']}" + (f" ({p['text']!r})" if p["text"] else "")
                      for p in found["problems"]]
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.evaluate("() => { const s = document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer');"
-                  " if (s) s.scrollTop = 0; }")
-    time.sleep(0.5)
-    page.screenshot(path=str(SHOTS / f"{name}.png"))
     return run
 
 
@@ -454,10 +486,16 @@ _PLANTED = {
          ("markdown", "````md\n```{prf:theorem} Planted\n:label: planted-thm\n\nBody.\n```\n````"),
          ("markdown", "```{planted-directive}\nA directive jupyterlab-myst does not know.\n```"),
          ("markdown", "A failing expression: {eval}`undefined_name_planted`."),
-         ("code", "import sys\nprint('planted warning', file=sys.stderr)")],
+         ("code", "import sys\nprint('planted warning', file=sys.stderr)"),
+         ("markdown", "```{exercise}\n:label: planted-ex\n\nA question.\n```\n\n```{solution-start} planted-ex\n```"),
+         ("code", "from IPython.display import HTML\n"
+                  "HTML('<div class=\"qkmlp-static-explorer\">the website explorer</div>')"),
+         ("markdown", "```{solution-end}\n```")],
         [(0, "missing number: glue placeholder shows its key"), (0, "unresolved cross-reference"),
          (1, "raw MyST: directive fence"), (1, "raw MyST: option line"),
-         (2, "raw MyST: unknown directive"), (3, "missing number: {eval} raised"), (4, "stderr output")]),
+         (2, "raw MyST: unknown directive"), (3, "missing number: {eval} raised"), (4, "stderr output"),
+         (5, "solution-start/solution-end render as separate boxes"),
+         (6, "the website's static explorer is shown in JupyterLab")]),
     "planted_error": (
         [("code", "raise ValueError('planted error')"),
          ("markdown", "After the error: {eval}`1 + 1` is never evaluated."),
