@@ -30,9 +30,9 @@ test_checks_catch_planted_defects runs two small notebooks with one defect of ea
 and requires every check to report its defect (and a good ``{eval}`` to show its value).
 
 Each failure lists its problems as ``notebook, cell index: what (offending text)``, a
-checklist for fixing the notebooks. A screenshot of each notebook after Run All (the top
-of the page) and of chapter 5's explorer before and after the slider moves go to
-test-artifacts/lab/ (or ``QKMLP_LAB_SHOTS``), 1280 px wide.
+checklist for fixing the notebooks. Screenshots, 1280 px wide, go to test-artifacts/lab/
+(or ``QKMLP_LAB_SHOTS``): each notebook after Run All (the top of the page, and its first
+cell with {eval} numbers) and chapter 5's explorer before and after the slider moves.
 
 The server runs on a copy of book/ in a temporary folder, so nothing a run or an autosave
 writes reaches the repository; its Jupyter config, data, runtime and settings folders are
@@ -356,6 +356,10 @@ def _run_all(lab: Lab, context, name: str) -> Run:
                   " if (s) s.scrollTop = 0; }")
     time.sleep(0.5)
     page.screenshot(path=str(SHOTS / f"{name}.png"))
+    if evals:  # and the first sentence that reads stored numbers
+        page.locator(f"{PANEL_CSS} .jp-Cell").nth(min(evals)).scroll_into_view_if_needed()
+        time.sleep(0.5)
+        page.screenshot(path=str(SHOTS / f"{name}-numbers.png"))
     # Folded cells (hide-cell) show no prompt: View > Expand All Code shows their counts.
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^View$")).click()
     page.locator(".lm-Menu-item[data-command='notebook:show-all-cell-code']").click()
