@@ -27,8 +27,16 @@ test: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadscope tests
 	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -n 2 -q -p no:cacheprovider $(NUMERICS)
 
-lab: $(STAMP)
-	$(VENV)/bin/jupyter lab book/
+# JupyterLab as the project configures it (lab/overrides.json: no news toast), opened on the
+# book folder; jupyterlab-myst (requirements.txt) renders the notebooks' MyST markup.
+# --allow-root only where it runs as root (CI, containers).
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
+$(LAB_SETTINGS): lab/overrides.json $(STAMP)
+	mkdir -p $(dir $@)
+	cp lab/overrides.json $@
+
+lab: $(STAMP) $(LAB_SETTINGS)
+	$(VENV)/bin/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root) book/
 
 # Every run is stored as a new file under book/data/bench (nothing is overwritten);
 # chapter 10 reads them all. bfloat16 GEMMs are ~5x slower than float32 on an AVX2 CPU,
