@@ -52,3 +52,12 @@ def test_numbers_in_the_prose_use_eval_and_inline_execution(path):
     assert all(n.startswith(PREFIX) and re.fullmatch(r"[a-zA-Z][a-zA-Z0-9_]*", n) for n in names), names
     if names:   # the website evaluates them while it executes the notebook
         assert nb["metadata"].get("mystnb", {}).get("execution_mode") == "inline"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_numbers_in_the_prose_are_bound_only_through_bind(path):
+    """JupyterLab evaluates {eval} after Run All (the kernel's state at the end), the website
+    in order; a txt_ name assigned directly could hold two values and read differently."""
+    nb = json.loads(path.read_text())
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert not re.findall(r"\b" + PREFIX + r"\w+\s*(?:=|\+=)[^=]", code)
