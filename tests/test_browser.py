@@ -32,7 +32,12 @@ current chapter's entry is in sight at its top.
 test_checks_catch_known_defects proves the measuring checks can fail: it plants each
 defect in a copy of a built page and requires every check to report it;
 test_the_site_script_is_what_keeps_drawer_and_sidebar_in_place does the same for the
-drawer and sidebar checks, on a chapter loaded without the site's script.
+drawer and sidebar checks, on a chapter loaded without the site's script, and
+test_the_site_stylesheet_is_what_keeps_titles_short_on_a_phone for the heading check.
+
+The first screen of a phone (measured as the page loads): the answer box of chapters 8, 9
+and 11 starts above 700 px at 390 x 844, and no heading has a line of its own for its
+permalink "#" (at both widths, every page).
 
 Skipped, with the reason, where Chromium or the playwright package is missing. Playwright
 only drives the system Chromium here (`executable_path`); it never downloads a browser.
@@ -56,7 +61,7 @@ from urllib.parse import unquote, urldefrag, urlparse
 
 import pytest
 
-from measure_pages import CHROMIUM_ARGS, chromium, measure_open_page
+from measure_pages import CHROMIUM_ARGS, READY_JS, chromium, measure_open_page
 from measure_pages import Server as _Server
 from test_book import html_pages, toc_entries
 
@@ -86,6 +91,11 @@ MIN_SLIDER_PX = 44       # a slider's height (the explorer's α was 16 px, issue
 # The chapters whose page targets issue 33 set: visible code at most 15 % of the page on a
 # phone (8-11); at most a quarter of the tables scrolling sideways, none with a verdict
 # column (8, 10 and 11).
+# On a phone the answer box of chapters 8, 9 and 11 starts on the first screen (issue 56:
+# chapter 8's began at 841 px of an 844 px screen, under a 241 px title whose permalink "#"
+# had wrapped onto a line of its own). Measured as the page loads, CSS px from its top.
+ANSWER_PAGES = ("book/08_experiments", "book/09_pretrained", "book/11_retrain")
+ANSWER_TOP_MAX = 700
 CODE_SHARE_MAX = 0.15
 CODE_SHARE_PAGES = ("book/08_experiments", "book/09_pretrained", "book/10_cost", "book/11_retrain")
 TABLE_PAGES = ("book/08_experiments", "book/10_cost", "book/11_retrain")
@@ -148,6 +158,7 @@ class PageReport:
     stats: dict[str, dict] = field(default_factory=dict)
     weight: dict[str, int] = field(default_factory=dict)  # bytes: html, mathjax, assets
     metrics: dict[str, dict] = field(default_factory=dict)  # per window: page_metrics.js
+    first_screen: dict[str, dict] = field(default_factory=dict)  # per window: _FIRST_SCREEN_JS
 
 
 def _open(context, url: str, report: PageReport | None = None, tag: str = "",
@@ -236,6 +247,48 @@ _REFS_JS = r"""
     .concat([...document.querySelectorAll('a[name]')].map(a => a.name));
   return {unresolved, proofs, links, ids,
           explorer: !!document.querySelector('div.qkmlp-static-explorer')};
+}
+"""
+
+
+# Where the first screen ends: the top of each answer box ("The answer ..." admonition, or
+# a section titled so), and every shown heading whose permalink sits on a line of its own
+# or that is taller than its text (an invisible "#" wrapped under it still takes a line).
+_FIRST_SCREEN_JS = r"""
+() => {
+  const art = document.querySelector('.bd-article') || document.body;
+  const y = r => r.top + window.scrollY;
+  const answers = [];
+  for (const a of art.querySelectorAll('.admonition')) {
+    const t = a.querySelector('.admonition-title');
+    if (t && /^\s*The answer/.test(t.textContent)) answers.push({top: Math.round(y(a.getBoundingClientRect())),
+                                                                   title: t.textContent.trim().slice(0, 60)});
+  }
+  const wrapped = [];
+  let title = null;
+  for (const h of art.querySelectorAll('h1, h2, h3, h4')) {
+    const box = h.getBoundingClientRect();
+    if (!h.getClientRects().length || box.height === 0) continue;      // inside a closed fold
+    const link = h.querySelector(':scope > a.headerlink');
+    const r = document.createRange();
+    r.setStart(h, 0);
+    if (link) r.setEndBefore(link); else r.setEnd(h, h.childNodes.length);
+    const lines = [...r.getClientRects()].filter(q => q.width > 0 && q.height > 0);
+    if (!lines.length) continue;
+    const top = Math.min(...lines.map(q => q.top)), bottom = Math.max(...lines.map(q => q.bottom));
+    const cs = getComputedStyle(h);
+    const inner = box.height - parseFloat(cs.paddingTop) - parseFloat(cs.paddingBottom)
+                  - parseFloat(cs.borderTopWidth) - parseFloat(cs.borderBottomWidth);
+    const line = parseFloat(cs.lineHeight) || 1.2 * parseFloat(cs.fontSize);
+    const name = h.tagName.toLowerCase() + ' "' + r.toString().trim().slice(0, 50) + '"';
+    if (h.tagName === 'H1' && title === null) title = {height: Math.round(box.height), name};
+    const lr = link && link.getClientRects().length ? link.getBoundingClientRect() : null;
+    if (lr && lr.width > 0 && lr.top >= bottom - 2)
+      wrapped.push(`${name}: its permalink is on a line of its own (${Math.round(lr.top - top)} px below the text's top)`);
+    else if (inner - (bottom - top) > 0.5 * line)
+      wrapped.push(`${name}: ${Math.round(inner)} px tall for ${Math.round(bottom - top)} px of text`);
+  }
+  return {answers, wrapped, title};
 }
 """
 
@@ -490,6 +543,7 @@ def site(book_build, server, browser) -> dict[str, PageReport]:
                 # as the page loads (dropdowns and folded cells closed), before
                 # browser_layout.js opens them all
                 report.metrics[view] = measure_open_page(page)
+                report.first_screen[view] = page.evaluate(_FIRST_SCREEN_JS)
                 sidebar = _sidebar_stays_put(page) if view == "1280" else []
                 found, stats = inspect_view(page, view, len(toc), navigation=False)
                 if rel in toc_pages:
@@ -793,6 +847,56 @@ def test_chapters_8_to_11_put_the_argument_first_on_a_phone(site):
                 f"{len(verdicts)} scrolling table(s) with a verdict column: "
                 f"{[(t['where'], 'out of view: ' + ', '.join(t['hidden'])) for t in verdicts]}")
     _fail_if(bad, "chapters that do not yet read argument-first at 390 px")
+
+
+def test_answer_boxes_start_on_a_phones_first_screen(site):
+    """At 390 x 844, as the page loads, the answer box of chapters 8, 9 and 11 starts above
+    ANSWER_TOP_MAX px from the top of the page (the screen is 844 px tall)."""
+    measured = [p for p in ANSWER_PAGES if f"{p}.html" in site]
+    if not measured:
+        pytest.skip(f"none of {ANSWER_PAGES} is in this build's table of contents")
+    bad = {}
+    for name in measured:
+        fs = site[f"{name}.html"].first_screen["390"]
+        if not fs["answers"]:
+            bad[name] = ["no answer box (an admonition titled 'The answer ...')"]
+        elif fs["answers"][0]["top"] > ANSWER_TOP_MAX:
+            bad[name] = [f"the answer box starts at {fs['answers'][0]['top']} px (at most {ANSWER_TOP_MAX}); "
+                         f"title {fs['title']}"]
+    print("\nanswer box top at 390 px: " + ", ".join(
+        f"{n.split('/')[-1]} {site[f'{n}.html'].first_screen['390']['answers'][0]['top']} px"
+        for n in measured if site[f"{n}.html"].first_screen["390"]["answers"]))
+    _fail_if(bad, "answer boxes below the first screen of a phone")
+
+
+def test_no_heading_permalink_takes_a_line_of_its_own(site):
+    """At both widths no shown heading is taller than its text: the permalink "#" after a
+    heading stays on the heading's last line (it wrapped under chapter 8's title at 390 px)."""
+    bad = {}
+    for page, r in site.items():
+        for view in VIEWS:
+            for w in r.first_screen.get(view, {}).get("wrapped", []):
+                bad.setdefault(page, []).append(f"[{view} px] {w}")
+    _fail_if(bad, "headings with a line of their own for the permalink")
+
+
+def test_the_site_stylesheet_is_what_keeps_titles_short_on_a_phone(book_build, server, browser):
+    """The heading check can fail: chapter 8 (or the first page of the toc) at 390 px,
+    loaded without qkmlp-site.css, has a heading whose permalink wraps onto a line of its
+    own and a taller title; with the stylesheet, none."""
+    toc = toc_entries(book_build.toc)
+    name = ANSWER_PAGES[0] if ANSWER_PAGES[0] in toc else toc[0]
+    found = {}
+    for css in (False, True):
+        context = browser.new_context(**PHONE)
+        page, _ = _open(context, server + f"{name}.html", block=() if css else ("/qkmlp-site.css",))
+        page.evaluate(READY_JS)
+        found[css] = page.evaluate(_FIRST_SCREEN_JS)
+        page.close()
+        context.close()
+    assert found[False]["wrapped"], f"{name} without the site's stylesheet: no wrapped permalink found"
+    assert found[True]["wrapped"] == [], found[True]["wrapped"]
+    assert found[True]["title"]["height"] < found[False]["title"]["height"], (found[True]["title"], found[False]["title"])
 
 
 def test_the_source_archive_is_one_tap_away_on_a_phone(book_build, server, browser):

@@ -10,6 +10,8 @@
 - :mod:`~qkmlp.book.ch10_cost`: chapter 10's verdict tables, laid out for a phone.
 - :mod:`qkmlp.book.schematic`: the picture of the argument (attention head, key-value,
   bilinear, symmetric rank-1 and gated units, with where σ sits).
+- :mod:`qkmlp.book.why_evidence`: the why page's picture of the from-scratch evidence
+  (SwiGLU's lead at each declared budget, with the declared tests' intervals).
 - :mod:`qkmlp.book.figures`: the one plotting recipe (panels that read on every screen,
   SVG rows that wrap, HTML tables).
 - :mod:`qkmlp.book.prose`: numbers in a chapter's prose, shown by MyST's ``{eval}`` role on
