@@ -34,6 +34,7 @@ from qkmlp import (
     SymmetricBilinearMLP,
     SymmetrizedGatedMLP,
 )
+from qkmlp import _fused_op
 from qkmlp import functional as fn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -263,13 +264,13 @@ def test_an_exported_program_holds_aten_ops_and_loads_without_qkmlp(cls, grad, t
 
 def test_the_compile_op_has_a_stable_name_versioned_by_semantics():
     assert fn.FUSED_OP_NAME == f"qkmlp::fused_forward_v{fn.FUSED_OP_VERSION}"
-    assert fn._source_tag() not in fn.FUSED_OP_NAME        # not the file's bytes
+    assert _fused_op.source_tag() not in fn.FUSED_OP_NAME        # not the file's bytes
     op = getattr(torch.ops.qkmlp, fn.FUSED_OP_NAME.split("::")[1])
     layer = _layer(GatedMLP, rank=2)
     x = torch.randn(4, 8, dtype=F64)
     with torch.no_grad():
         want = layer(x)                                     # eager
-    for tag in (fn._source_tag(), "any other tag"):         # the tag keys caches, not values
+    for tag in (_fused_op.source_tag(), "any other tag"):         # the tag keys caches, not values
         y, _ = op(x, layer.query_weight, layer.key_weight, layer.value, "gated", "silu", 6, 2, tag)
         torch.testing.assert_close(y, want, rtol=0, atol=0)
 
