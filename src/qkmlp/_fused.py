@@ -331,6 +331,15 @@ class _FusedBase(torch.autograd.Function):
     derivative only); :func:`~qkmlp.functional.gated` and :func:`~qkmlp.functional.symmetric`
     step aside there."""
 
+    @classmethod
+    def apply(cls, *args, **kwargs):
+        if not torch.compiler.is_compiling() and (_transforms_active is None or _transforms_active()):
+            raise RuntimeError(
+                f"{cls.__name__} gives only first derivatives under torch.func transforms; call "
+                "qkmlp.functional.gated / symmetric (or the layer), which use the plain formula there"
+            )
+        return super().apply(*args, **kwargs)
+
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, query, key, value, name, m, r = inputs
