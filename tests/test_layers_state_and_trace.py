@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import RANK_R
 from qkmlp import (
     BilinearAttentionMLP,
     GatedMLP,
@@ -20,7 +21,6 @@ from qkmlp import (
 
 ROOT = Path(__file__).resolve().parents[1]
 F64 = torch.float64
-RANK_R = (SymmetricBilinearMLP, GatedMLP, SymmetrizedGatedMLP)
 
 
 @pytest.mark.parametrize("cls", RANK_R, ids=lambda c: c.__name__)

@@ -1,4 +1,4 @@
-"""Chapters 4-6 as a learner meets them (issue 43): the main path is at most half the
+"""Chapters 4-6 as a learner meets them: the main path is at most half the
 prose it had before the detours were marked (3,986 / 3,509 / 3,591 words), every chapter
 marks detours and has a coding exercise with a solution, and each `make` target the
 pages name exists (as a dry run, ``make -n``)."""
