@@ -9,7 +9,7 @@ a = x Qᵀ and b = x Kᵀ viewed as (N, m, r)::
     symmetrised    y = (Σ_s ½[σ(a_s) b_s + σ(b_s) a_s]) V      symmetrized_reference
 
 The ``*_reference`` functions below are those formulas in plain torch ops. :func:`gated`
-and :func:`symmetric` compute the same with the fused path (:mod:`qkmlp._fused`): two
+and :func:`symmetric` compute the same with the fused path (``qkmlp._fused``): two
 GEMMs, the elementwise middle fused, and only x and the pre-activations [a; b] saved for
 backward, σ(a) and h recomputed there (as Liger-Kernel does for SwiGLU, Hsu et al., 2024):
 d + 2mr numbers per token against a three-``nn.Linear`` Llama MLP's d + 4m. The middle
@@ -18,7 +18,7 @@ the product), so in bfloat16 and float16 the rank-1 gated layer computes bit for
 ``down(silu(gate(x)) * up(x))`` computes; σ' is PyTorch's own fused backward kernel for
 every registered activation (:data:`FUSED_ACTIVATIONS`).
 
-**Which path runs** (:func:`_run`, the one place that chooses):
+**Which path runs** (``_run``, the one place that chooses):
 
 - a callable σ that is not a registered activation: the plain formula;
 - a ``torch.func`` transform (``grad``, ``vjp``, ``jacrev``, ``jacfwd``, ``hessian``,
@@ -28,7 +28,7 @@ every registered activation (:data:`FUSED_ACTIVATIONS`).
   computes bit for bit what eager computes in float32 and float64, and loads
   (``torch.export.load``) with torch alone;
 - ``torch.compile`` with a gradient wanted: the custom op :data:`FUSED_OP_NAME`
-  (:mod:`qkmlp._fused_op`), so the compiled layer saves what eager saves; inference is the
+  (``qkmlp._fused_op``), so the compiled layer saves what eager saves; inference is the
   fused forward traced out of place. ``create_graph=True`` through a compiled layer raises
   (AOTAutograd has no double backward);
 - ``torch.jit.trace``, a tensor subclass or a batched tensor: the plain formula (a trace
