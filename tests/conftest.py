@@ -27,6 +27,28 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from qkmlp import (
+    BilinearAttentionMLP,
+    GatedMLP,
+    KeyValueMLP,
+    StaticQueryMLP,
+    SymmetricBilinearMLP,
+    SymmetrizedGatedMLP,
+)
+
+# The layers of qkmlp.layers, in the book's order: every test module takes its list from here
+# (tests/test_layers.py checks it against qkmlp.layers.__all__).
+LAYERS = (KeyValueMLP, StaticQueryMLP, BilinearAttentionMLP, SymmetricBilinearMLP, GatedMLP,
+          SymmetrizedGatedMLP)
+# Those with a rank (query_weight, key_weight, value and a rank= argument).
+RANK_R = (SymmetricBilinearMLP, GatedMLP, SymmetrizedGatedMLP)
+
+
+def layer_cases(ranks=(1, 3)) -> list[tuple[type, int | None]]:
+    """(layer class, rank) for every layer: rank None for the layers without one, each of
+    ``ranks`` for the rank-r layers."""
+    return [(c, r) for c in LAYERS for r in ((None,) if c not in RANK_R else ranks)]
+
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts"
 BOOK_OUT = ARTIFACTS / "book"

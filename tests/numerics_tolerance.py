@@ -1,10 +1,10 @@
-"""The tolerance of the code-version guards, measured (see tests/kernel_spread.py).
+"""The tolerance of the code-version guards, measured (see tools/kernel_spread.py).
 
 The guards (tests/test_run_reference.py, tests/test_retrain.py) compare a few tiny training
 runs with stored references, so a change of what runs compute cannot slip past the version
 that keys stored records. Floats are compared at the relative tolerance ``REL_TOL``.
 
-Measured on 2026-12-03 (``python tests/kernel_spread.py``, AMD EPYC, torch 2.13.0, one
+Measured on 2026-12-03 (``python tools/kernel_spread.py``, AMD EPYC, torch 2.13.0, one
 thread): the largest relative difference of any stored number between kernel sets is
 7.1e-7 (retraining reference, DEFAULT vs AVX2) and 5.3e-7 (experiments reference), and
 5.9e-7 / 2.7e-7 against the stored files, written on a machine of another kernel set. A

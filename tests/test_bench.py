@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -247,3 +248,100 @@ def test_op_counts_drops_kinetos_usdt_lines_and_keeps_the_rest(mode):
     else:
         assert usdt == [], proc.stderr
         assert "a line of our own on fd 2" in proc.stderr
+
+
+# --- the command and its statistics (moved from the fast-path tests) ----------------------
+
+def test_bench_runs_tiny_and_writes_json(tmp_path, capsys):
+    from qkmlp import bench
+
+    path = tmp_path / "b.json"
+    res = bench.main(["--tiny", "--suite", "headline", "--suite", "rank", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert "floor_gemms" in out and "llama_mlp" in out and "torch" in out
+    stored = json.loads(path.read_text())
+    assert stored["machine"]["torch"] == torch.__version__
+    assert "library_uncommitted_changes" in stored["machine"]
+    assert stored["command"].startswith("python -m qkmlp.bench")
+    hl = stored["suites"]["headline"][0]
+    assert set(hl["ratios"]) == {"gated_mlp", "symmetric_mlp"}
+    assert set(hl["paired_ratios"]) == {"gated_mlp", "symmetric_mlp", "llama_mlp_copy", "llama_mlp"}
+    for k in ("gated_mlp", "symmetric_mlp"):
+        assert set(hl["verdicts"][k]) == set(bench.TARGETS)
+        assert hl["verdicts"][k]["saved_bytes_vs_llama"] == "met"
+        p = hl["paired_ratios"][k]["fwd_bwd_vs_llama"]
+        assert p["lo"] <= p["median"] <= p["hi"] and p["n"] == hl["config"]["reps_fwd_bwd"]
+    assert "A/A control" in out
+    assert hl["saved_bytes"]["gated_mlp"] < hl["saved_bytes"]["llama_mlp"]
+    assert res["suites"]["rank"]["parameters"]["dense"] > 0
+
+
+def test_bench_compiled_candidates(capsys):
+    """--compile wraps every module candidate in torch.compile (aot_eager: no C++ needed)."""
+    from qkmlp import bench
+
+    res = bench.main(["--tiny", "--suite", "headline", "--compile", "aot_eager"])
+    hl = res["suites"]["headline"][0]
+    assert hl["config"]["compile_backend"] == "aot_eager"
+    assert "torch.compile backend aot_eager" in capsys.readouterr().out
+    assert set(hl["saved_bytes"]) == {"llama_mlp", "gated_mlp", "symmetric_mlp"}
+
+
+def test_median_interval_covers_the_median_as_often_as_it_says():
+    """Simulated coverage of the order-statistic interval, on a skewed distribution."""
+    from qkmlp.bench import median_interval
+
+    gen = torch.Generator().manual_seed(0)
+    trials, n, true_median = 4000, 21, math.log(2.0)        # Exp(1) has median ln 2
+    draws = torch.empty(trials, n).exponential_(1.0, generator=gen)
+    hits, coverage = 0, None
+    for row in draws.tolist():
+        iv = median_interval(row)
+        hits += iv["lo"] <= true_median <= iv["hi"]
+        coverage = iv["coverage"]
+        assert iv["lo"] <= iv["median"] <= iv["hi"] and iv["n"] == n
+    assert coverage >= 0.95
+    sd = math.sqrt(coverage * (1 - coverage) / trials)
+    assert abs(hits / trials - coverage) < 4 * sd, (hits / trials, coverage)
+
+
+def test_median_interval_small_samples_and_bad_input():
+    from qkmlp.bench import median_interval
+
+    iv = median_interval([3.0, 1.0, 2.0])           # too few values for 95 %: the range
+    assert (iv["lo"], iv["median"], iv["hi"]) == (1.0, 2.0, 3.0) and iv["coverage"] == 0.75
+    with pytest.raises(ValueError, match="at least one"):
+        median_interval([])
+
+
+def test_paired_ratio_pairs_by_round_and_verdicts():
+    from qkmlp.bench import paired_ratio, verdict
+
+    # round-by-round load swings cancel in the paired ratio but not between medians
+    num, den = [2.0, 20.0, 4.0, 40.0, 6.0, 60.0], [1.0, 10.0, 2.0, 20.0, 3.0, 30.0]
+    iv = paired_ratio(num, den)
+    assert iv["lo"] == iv["median"] == iv["hi"] == 2.0
+    with pytest.raises(ValueError, match="equally long"):
+        paired_ratio([1.0], [1.0, 2.0])
+    assert verdict(0.97, 0.99, 1.0) == "met"
+    assert verdict(0.99, 1.01, 1.0) == "parity"
+    assert verdict(1.01, 1.02, 1.0) == "not met"
+    with pytest.raises(ValueError, match="lo <= hi"):
+        verdict(1.0, 0.9, 1.0)
+
+
+def test_pooled_paired_ratio_and_format_paired():
+    from qkmlp.bench import format_paired, pooled_paired_ratio
+
+    def headline(cand, other):
+        return {"forward_backward": {"gated_mlp": {"times_s": cand}, "llama_mlp": {"times_s": other}}}
+
+    runs = [headline([2.0, 4.0], [1.0, 2.0]), headline([3.0], [1.0])]
+    iv = pooled_paired_ratio(runs, "gated_mlp")
+    assert (iv["median"], iv["n"], iv["lo"], iv["hi"]) == (2.0, 3, 2.0, 3.0)
+    hl = {"paired_ratios": {"gated_mlp": {"fwd_vs_llama": {"median": 0.98, "lo": 0.97, "hi": 0.99},
+                                          "fwd_vs_floor": {"median": 1.02, "lo": 1.01, "hi": 1.03}},
+                            "llama_mlp": {"fwd_vs_floor": {"median": 1.0, "lo": 0.9, "hi": 1.1}}},
+          "verdicts": {"gated_mlp": {"fwd_vs_llama": "met"}}}
+    assert format_paired(hl, ["gated_mlp"], ["fwd_vs_llama"]) == ["  gated_mlp: fwd_vs_llama 0.980 [0.970, 0.990] met"]
+    assert len(format_paired(hl)) == 2

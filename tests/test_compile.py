@@ -13,6 +13,7 @@ import torch
 import torch._functorch.config as functorch_config
 
 from qkmlp import GatedMLP, SymmetricBilinearMLP, SymmetrizedGatedMLP
+from qkmlp import _fused_op
 from qkmlp import functional as fn
 from qkmlp.bench import LlamaMLP, compiled_saved_tensors, saved_bytes
 
@@ -151,7 +152,7 @@ def test_eager_custom_op_first_and_second_derivatives(kind, act):
     v = torch.randn(m, 2, dtype=torch.float64, requires_grad=True)
 
     def f(x, q, k, v):
-        return fn._op_forward(x, q, k, v, kind, act, m, r)[0]
+        return _fused_op.op_forward(x, q, k, v, kind, act, m, r)[0]
 
     ref = fn.gated_reference if kind == "gated" else fn.symmetric_reference
     from qkmlp import get_activation

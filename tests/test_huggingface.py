@@ -1,9 +1,13 @@
 """Round trips with Hugging Face ``transformers``: a tiny random LlamaForCausalLM (no
 download) with every MLP swapped for ``GatedMLP.from_linear``, then back with
 ``to_linear`` through ``save_pretrained`` / ``from_pretrained``; and ``GatedMLP.from_mlp``
-reading σ from Llama, Gemma and Gemma 2 MLP modules."""
+reading σ from Llama, Gemma and Gemma 2 MLP modules; and models converted by
+``qkmlp.pretrained`` (tiny random Llama, Gemma, Phi-3, ...): a given activation checked
+against the model, requires_grad and the training mode kept, Phi-3's fused layout, and a
+checkpoint of the original model loading strictly into the converted one."""
 import copy
 import importlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +18,11 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.activations import ACT2FN  # noqa: E402
 
 from qkmlp import GatedMLP  # noqa: E402
+from qkmlp.pretrained import gated_mlps, mlp_weights, use_gated_mlps  # noqa: E402
 
+from test_pretrained_models import tiny  # noqa: E402  (tiny random Llama, Gemma, Phi-3, ... in float64)
+
+ROOT = Path(__file__).resolve().parents[1]
 F64 = torch.float64
 
 
@@ -134,7 +142,7 @@ def _hf_mlp(arch: str, hidden_act: str, **extra):
 
 @pytest.mark.parametrize("arch,hidden_act,expect", [
     ("llama", "silu", "silu"),
-    ("gemma", "gelu_pytorch_tanh", "gelu_tanh"),     # the issue's case: SiLU gave 0.178 error here
+    ("gemma", "gelu_pytorch_tanh", "gelu_tanh"),     # SiLU here once gave a 0.178 error
     ("llama", "gelu", "gelu"),
     ("llama", "relu", "relu"),
 ])
@@ -184,3 +192,132 @@ def test_from_mlp_catches_a_config_that_does_not_match_act_fn():
     mlp.config.hidden_act = "gelu_pytorch_tanh"  # says tanh-GELU, act_fn computes exact GELU
     with pytest.raises(ValueError, match="cannot read the activation"):
         GatedMLP.from_mlp(mlp)
+
+
+# --- converted models (tiny random Llama, Gemma, Phi-3, ... of test_pretrained_models) -------
+
+IDS = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+
+
+def _logits(model):
+    with torch.no_grad():
+        return model(input_ids=IDS, use_cache=False).logits
+
+
+# --- a given activation is checked against the model --------------------------------------
+
+def test_a_given_activation_that_the_model_does_not_compute_is_refused():
+    model = tiny("gemma")                         # config.hidden_act = gelu_pytorch_tanh
+    with pytest.warns(UserWarning, match="differs from the model's config.hidden_act"):
+        with pytest.raises(ValueError, match="differs from the model's GemmaMLP"):
+            gated_mlps(model, activation="silu")
+    # another σ on purpose needs the explicit override, and is warned about
+    with pytest.warns(UserWarning, match="config.hidden_act = 'gelu_pytorch_tanh'.*check=False"):
+        on_purpose = gated_mlps(model, activation="silu", check=False)
+    assert all(g.activation.name == "silu" for g in on_purpose)
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="differs from the model's GemmaMLP"):
+        use_gated_mlps(model, activation="silu")
+    ref = _logits(model)                            # nothing was replaced by the refused calls
+    assert all(type(layer.mlp).__name__ == "GemmaMLP" for layer in model.model.layers)
+    # the config's own activation, given by one of its names, converts exactly
+    use_gated_mlps(model, activation="gelu_tanh")
+    torch.testing.assert_close(_logits(model), ref, rtol=1e-12, atol=1e-12)
+
+
+# --- converted MLPs keep requires_grad and the training mode -------------------------------
+
+@pytest.mark.parametrize("arch", ["llama", "phi3"])
+def test_converted_mlps_train_as_the_model_did(arch):
+    torch.set_num_threads(1)
+    model, ref = tiny(arch), tiny(arch)
+    model.train()
+    ref.train()
+    use_gated_mlps(model)
+    mlps = [layer.mlp for layer in model.model.layers]
+    assert all(isinstance(g, GatedMLP) and g.training for g in mlps)
+    assert all(p.requires_grad for g in mlps for p in g.parameters())
+    # one backward pass: the MLP gradients are the Hugging Face model's own (dropout is 0)
+    for mod in (model, ref):
+        mod.zero_grad()
+        mod(input_ids=IDS, labels=IDS, use_cache=False).loss.backward()
+    for g, layer in zip(mlps, ref.model.layers):
+        mlp = layer.mlp
+        if arch == "phi3":
+            want_qk = mlp.gate_up_proj.weight.grad
+            got_qk = torch.cat([g.query_weight.grad, g.key_weight.grad])
+        else:
+            want_qk = torch.cat([mlp.gate_proj.weight.grad, mlp.up_proj.weight.grad])
+            got_qk = torch.cat([g.query_weight.grad, g.key_weight.grad])
+        torch.testing.assert_close(got_qk, want_qk, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(g.value.grad, mlp.down_proj.weight.grad.T, rtol=1e-9, atol=1e-12)
+
+
+def test_converted_mlps_keep_a_frozen_or_partly_frozen_module_as_it_was():
+    model = tiny("llama")
+    model.requires_grad_(False)
+    model.model.layers[1].mlp.up_proj.weight.requires_grad_(True)
+    g = gated_mlps(model)
+    assert not any(p.requires_grad for p in g[0].parameters()) and not g[0].training
+    assert [p.requires_grad for p in (g[1].query_weight, g[1].key_weight, g[1].value)] == [False, True, False]
+
+
+
+# --- Phi-3's fused gate_up_proj ----------------------------------------------------------
+
+def test_from_mlp_of_a_fused_phi3_mlp_points_to_the_surgery():
+    model = tiny("phi3")
+    mlp = model.model.layers[0].mlp
+    with pytest.raises(TypeError, match="gate_up_proj.*use_gated_mlps.*mlp_weights"):
+        GatedMLP.from_mlp(mlp)
+    # the path the message names computes what the module computes
+    gate, up, down = mlp_weights(mlp)
+    lins = [nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=F64) for w in (gate, up, down)]
+    with torch.no_grad():
+        for lin, w in zip(lins, (gate, up, down)):
+            lin.weight.copy_(w)
+    g = GatedMLP.from_linear(*lins, activation=model.config.hidden_act)
+    x = torch.randn(5, 32, dtype=F64)
+    with torch.no_grad():
+        torch.testing.assert_close(g(x), mlp(x), rtol=1e-12, atol=1e-12)
+
+
+
+# --- a Hugging Face checkpoint into a converted model; the interop notes --------------------
+
+@pytest.mark.parametrize("arch", ["llama", "phi3"])
+def test_a_checkpoint_of_the_original_model_loads_strictly_into_a_converted_one(arch):
+    torch.set_num_threads(1)
+    converted, other = tiny(arch, seed=0), tiny(arch, seed=1)
+    use_gated_mlps(converted)
+    assert not torch.allclose(_logits(converted), _logits(other))
+    result = converted.load_state_dict(other.state_dict(), strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    torch.testing.assert_close(_logits(converted), _logits(other), rtol=1e-12, atol=1e-12)
+    # the converted model's own state dict still loads into a converted model
+    again = tiny(arch, seed=2)
+    use_gated_mlps(again)
+    again.load_state_dict(converted.state_dict(), strict=True)
+    torch.testing.assert_close(_logits(again), _logits(other), rtol=1e-12, atol=1e-12)
+
+
+def test_a_gate_up_down_checkpoint_into_a_higher_rank_layer_is_refused():
+    g = GatedMLP(4, 3, rank=2)
+    sd = {"gate_proj.weight": torch.zeros(3, 4), "up_proj.weight": torch.zeros(3, 4),
+          "down_proj.weight": torch.zeros(4, 3)}
+    with pytest.raises(ValueError, match="rank-1 GatedMLP; this one has rank 2"):
+        g.load_state_dict(sd)
+
+
+def test_the_interop_notes_say_what_peft_and_checkpoints_do():
+    # the premise of the peft note, against nn.Linear: "all-linear" selects nn.Linear modules,
+    # and a converted MLP holds none
+    model = tiny("llama")
+    before = {n for n, m in model.named_modules() if isinstance(m, nn.Linear) and ".mlp." in n}
+    use_gated_mlps(model)
+    after = {n for n, m in model.named_modules() if isinstance(m, nn.Linear) and ".mlp." in n}
+    assert len(before) == 3 * model.config.num_hidden_layers and after == set()
+    api = (ROOT / "book" / "api.md").read_text()
+    notes = api.split("**Interop notes.**", 1)[1].split("\n## ", 1)[0]
+    for phrase in ('target_modules="all-linear"', "merge_and_unload", "use_gated_mlps",
+                   "load_state_dict", "from_pretrained", "torch.export", "qkmlp::fused_forward_v1"):
+        assert phrase in notes, phrase

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conftest import LAYERS, RANK_R
 from qkmlp import (
     BilinearAttentionMLP,
     GatedMLP,
@@ -20,8 +21,7 @@ from qkmlp import (
 from qkmlp.activations import without_overwrite
 
 F64 = torch.float64
-RANK_R = (SymmetricBilinearMLP, GatedMLP, SymmetrizedGatedMLP)
-ALL = (KeyValueMLP, StaticQueryMLP, BilinearAttentionMLP) + RANK_R
+ALL = LAYERS
 
 # (in-place module, the out-of-place function it computes)
 INPLACE = {

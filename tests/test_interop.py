@@ -1,6 +1,7 @@
 """The layers where a user's code meets them: torch.jit.trace, jagged nested tensors,
 loading an MLP module (from_mlp / from_linear without a guessed σ), qkmlp.functional with
-the callables the layers take, refused dtypes, in-place writes into the weight views, and
+the callables the layers take, refused dtypes (mixed-dtype weights too), in-place writes into
+the weight views, assigning a view under a parametrization (as ``nn.Linear.weight = t``), and
 the documented float16 rank-sum rounding. Each against an independent computation or what
 ``nn.Linear`` / ``LlamaMLP`` do.
 """
@@ -13,7 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrizations as P
+from torch.nn.utils import parametrize
 
+from conftest import RANK_R, layer_cases
 from qkmlp import (
     BilinearAttentionMLP,
     GatedMLP,
@@ -30,11 +34,8 @@ import reference as R
 
 F64 = torch.float64
 D, M, O = 8, 5, 3
-LAYERS = [(KeyValueMLP, None), (StaticQueryMLP, None), (BilinearAttentionMLP, None),
-          (SymmetricBilinearMLP, 1), (SymmetricBilinearMLP, 2), (GatedMLP, 1), (GatedMLP, 3),
-          (SymmetrizedGatedMLP, 1), (SymmetrizedGatedMLP, 2)]
+LAYERS = layer_cases((1, 2))
 IDS = [f"{c.__name__}-r{r}" for c, r in LAYERS]
-RANK_R = (SymmetricBilinearMLP, GatedMLP, SymmetrizedGatedMLP)
 
 
 def _make(cls, rank, dtype=F64, **kw):
@@ -152,12 +153,41 @@ def test_a_strided_nested_tensor_is_refused_naming_the_jagged_layout(cls, rank):
         layer(nt)
 
 
-# --- from_linear needs σ; from_mlp reads it ----------------------------------------------
+# --- from_linear's checks; from_mlp reads σ -----------------------------------------------
 
 def test_from_linear_without_activation_is_refused():
     lin = [nn.Linear(D, M, bias=False), nn.Linear(D, M, bias=False), nn.Linear(M, O, bias=False)]
     with pytest.raises(TypeError, match=r"from_linear needs activation=.*GatedMLP.from_mlp\(mlp\)"):
         GatedMLP.from_linear(*lin)
+
+
+def test_from_linear_rejects_biases_and_mismatched_shapes():
+    gate, up, down = nn.Linear(D, M), nn.Linear(D, M, bias=False), nn.Linear(M, O, bias=False)
+    with pytest.raises(ValueError, match="bias"):
+        GatedMLP.from_linear(gate, up, down, activation="silu")
+    gate = nn.Linear(D, M, bias=False)
+    with pytest.raises(ValueError, match="up_proj"):
+        GatedMLP.from_linear(gate, nn.Linear(D, M + 1, bias=False), down, activation="silu")
+    with pytest.raises(ValueError, match="down_proj"):
+        GatedMLP.from_linear(gate, up, nn.Linear(M + 1, O, bias=False), activation="silu")
+    with pytest.raises(TypeError, match="nn.Linear"):
+        GatedMLP.from_linear(gate, up, lambda x: x, activation="silu")
+
+
+def test_from_linear_rejects_mixed_dtypes_and_devices_without_casting():
+    lin = lambda a, b, **kw: nn.Linear(a, b, bias=False, **kw)
+    gate, up, down = lin(D, M), lin(D, M), lin(M, O)
+    before = [t.weight.detach().clone() for t in (gate, up, down)]
+    with pytest.raises(TypeError, match=r"one dtype and device.*down_proj torch.float64"):
+        GatedMLP.from_linear(gate, up, lin(M, O, dtype=torch.float64), activation="silu")
+    with pytest.raises(TypeError, match=r"one dtype and device.*up_proj torch.float32 on meta"):
+        GatedMLP.from_linear(gate, lin(D, M, device="meta"), down, activation="silu")
+    with pytest.raises(TypeError, match=r"down_proj torch.float32 on meta"):
+        GatedMLP.from_linear(gate, up, lin(M, O, device="meta"), activation="silu")
+    assert all(torch.equal(t.weight, b) for t, b in zip((gate, up, down), before))
+    meta = GatedMLP.from_linear(lin(D, M, device="meta"), lin(D, M, device="meta"), lin(M, O, device="meta"),
+                                activation="silu")
+    assert meta.query_weight.device.type == "meta"
 
 
 class _PlainMLP(nn.Module):
@@ -299,3 +329,97 @@ def test_float16_rank_sum_rounds_h_before_the_value_gemm_as_documented():
     with torch.no_grad():                                   # the formula with h in float16
         a, b = x @ layer.query_weight.T, x @ layer.key_weight.T
         assert torch.isinf((a * b).sum(-1, keepdim=True)).all()
+
+
+def _layer(cls, d=8, m=6, o=5, dtype=F64, **kw):
+    torch.manual_seed(0)
+    if cls in RANK_R:
+        kw.setdefault("rank", 2)
+    return cls(d, m, o, dtype=dtype, **kw)
+
+
+
+# --- assigning a view under a parametrization ---------------------------------------------
+
+class _Double(nn.Module):
+    """A custom parametrization with a right inverse."""
+
+    def forward(self, w):
+        return 2.0 * w
+
+    def right_inverse(self, w):
+        return w / 2.0
+
+
+class _Square(nn.Module):
+    """A custom parametrization without one (nn.Linear's assignment raises)."""
+
+    def forward(self, w):
+        return w * w
+
+
+PARAMETRIZATIONS = {
+    "weight_norm": lambda mod, name: P.weight_norm(mod, name=name),
+    "spectral_norm": lambda mod, name: P.spectral_norm(mod, name=name),
+    "orthogonal": lambda mod, name: P.orthogonal(mod, name=name),
+    "custom": lambda mod, name: parametrize.register_parametrization(mod, name, _Double()),
+}
+
+
+def _originals(mod, name):
+    return {k: v.clone() for k, v in mod.parametrizations[name].state_dict().items()}
+
+
+@pytest.mark.parametrize("view", ["query", "key"])
+@pytest.mark.parametrize("kind", list(PARAMETRIZATIONS))
+def test_assigning_a_view_under_a_parametrization_acts_as_on_nn_linear(kind, view):
+    m, d = 12, 16
+    g = PARAMETRIZATIONS[kind](_layer(GatedMLP, d, m, rank=1), view + "_weight")
+    torch.manual_seed(1)
+    lin = PARAMETRIZATIONS[kind](nn.Linear(d, m, bias=False, dtype=F64), "weight")
+    g.eval()                                               # spectral_norm: no power iteration per read
+    lin.eval()
+    t = torch.randn(m, d, dtype=F64, generator=torch.Generator().manual_seed(2))
+    if kind == "orthogonal":                               # orthogonal admits orthonormal rows only
+        t = torch.linalg.qr(t.T)[0].T.contiguous()
+    before = getattr(g, view + "_weight").clone()
+    setattr(g, view, t.unsqueeze(1))
+    lin.weight = t
+    now = getattr(g, view + "_weight")
+    assert not torch.equal(now, before)                    # the assignment took effect
+    got, want = _originals(g, view + "_weight"), _originals(lin, "weight")
+    assert got.keys() == want.keys()
+    for k in want:
+        if k.startswith("original") and kind != "orthogonal":   # orthogonal keeps a base of its own
+            torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
+    if kind != "spectral_norm":                            # its power-iteration state is per module
+        torch.testing.assert_close(now, lin.weight, rtol=0, atol=0)
+        torch.testing.assert_close(now, t, rtol=1e-12, atol=1e-12)
+    # and the layer computes with the new weight: y equals the formula with t in place
+    x = torch.randn(3, d, dtype=F64)
+    q, k = g.query_weight, g.key_weight
+    torch.testing.assert_close(g(x), (torch.nn.functional.silu(x @ q.T) * (x @ k.T)) @ g.value)
+
+
+def test_assigning_under_a_parametrization_without_right_inverse_raises_as_nn_linear():
+    g = parametrize.register_parametrization(_layer(GatedMLP, rank=1), "query_weight", _Square())
+    lin = parametrize.register_parametrization(nn.Linear(8, 6, bias=False, dtype=F64), "weight", _Square())
+    t = torch.randn(6, 8, dtype=F64)
+    with pytest.raises(RuntimeError, match="right_inverse") as want:
+        lin.weight = t
+    with pytest.raises(RuntimeError, match="right_inverse") as got:
+        g.query = t.unsqueeze(1)
+    assert str(got.value) == str(want.value)
+
+
+
+# --- mixed dtypes -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("cls", RANK_R)
+def test_mixed_dtype_weights_get_the_library_error_on_every_rank_r_layer(cls, fused):
+    layer = _layer(cls, dtype=torch.float32)
+    layer.fused = fused
+    layer.query_weight = nn.Parameter(layer.query_weight.detach().double())
+    with pytest.raises(TypeError, match="must share one dtype and device; got .*query torch.float64"):
+        layer(torch.randn(3, 8))

@@ -1,4 +1,4 @@
-"""The five layers against their formulas (tests/reference.py), conversions, dtypes, devices."""
+"""The layers against their formulas (tests/reference.py), conversions, dtypes, devices."""
 import copy
 import math
 
@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import qkmlp
+from conftest import LAYERS, RANK_R, layer_cases
 from qkmlp import (
     BilinearAttentionMLP,
     GatedMLP,
@@ -37,17 +38,7 @@ def reference_output(layer, x):
     return ref.layer_formula(layer, x)
 
 
-ALL = [
-    (KeyValueMLP, None),
-    (StaticQueryMLP, None),
-    (BilinearAttentionMLP, None),
-    (SymmetricBilinearMLP, 1),
-    (SymmetricBilinearMLP, 3),
-    (GatedMLP, 1),
-    (GatedMLP, 3),
-    (SymmetrizedGatedMLP, 1),
-    (SymmetrizedGatedMLP, 3),
-]
+ALL = layer_cases((1, 3))
 IDS = [f"{c.__name__}-r{r}" for c, r in ALL]
 
 
@@ -60,6 +51,17 @@ def test_forward_matches_formula(cls, rank, activation, lead):
     y = layer(x)
     assert y.shape == (*lead, O)
     torch.testing.assert_close(y, reference_output(layer, x), rtol=1e-10, atol=1e-12)
+
+
+def test_the_tests_list_of_layers_is_the_library_s():
+    """tests/conftest.py's LAYERS, which every test module uses, holds every public layer
+    class of qkmlp.layers, and RANK_R those that take rank=."""
+    import inspect
+
+    public = {getattr(qkmlp.layers, n) for n in qkmlp.layers.__all__}
+    assert set(LAYERS) == public and len(LAYERS) == len(public)
+    takes_rank = {c for c in public if "rank" in inspect.signature(c).parameters}
+    assert set(RANK_R) == takes_rank
 
 
 def test_parameter_shapes_follow_the_contract():
@@ -161,19 +163,6 @@ def test_from_linear_loads_a_llama_mlp(activation):
     with torch.no_grad():
         gate.weight.zero_()
     assert layer.query.abs().sum() > 0
-
-
-def test_from_linear_rejects_biases_and_mismatched_shapes():
-    gate, up, down = nn.Linear(D, M), nn.Linear(D, M, bias=False), nn.Linear(M, O, bias=False)
-    with pytest.raises(ValueError, match="bias"):
-        GatedMLP.from_linear(gate, up, down, activation="silu")
-    gate = nn.Linear(D, M, bias=False)
-    with pytest.raises(ValueError, match="up_proj"):
-        GatedMLP.from_linear(gate, nn.Linear(D, M + 1, bias=False), down, activation="silu")
-    with pytest.raises(ValueError, match="down_proj"):
-        GatedMLP.from_linear(gate, up, nn.Linear(M + 1, O, bias=False), activation="silu")
-    with pytest.raises(TypeError, match="nn.Linear"):
-        GatedMLP.from_linear(gate, up, lambda x: x, activation="silu")
 
 
 @pytest.mark.parametrize("cls,rank", ALL, ids=IDS)

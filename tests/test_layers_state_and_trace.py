@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
-import qkmlp.layers
+from conftest import RANK_R
 from qkmlp import (
     BilinearAttentionMLP,
     GatedMLP,
@@ -18,8 +19,8 @@ from qkmlp import (
     SymmetrizedGatedMLP,
 )
 
+ROOT = Path(__file__).resolve().parents[1]
 F64 = torch.float64
-RANK_R = (SymmetricBilinearMLP, GatedMLP, SymmetrizedGatedMLP)
 
 
 @pytest.mark.parametrize("cls", RANK_R, ids=lambda c: c.__name__)
@@ -49,7 +50,7 @@ def test_a_gated_state_dict_in_another_rank_r_class_copies_the_weights_not_the_f
         with torch.no_grad():
             torch.testing.assert_close(other(x), h @ g.value, rtol=1e-12, atol=1e-12)   # its own form
             assert (other(x) - g(x)).abs().max() > 1e-3                                 # not the gated one
-    doc = " ".join(qkmlp.layers.__doc__.split())
+    doc = " ".join((ROOT / "book" / "api.md").read_text().split())      # the layers' rules
     assert "That transfer copies the weights q, k, v, not the function" in doc
 
 

@@ -1,6 +1,5 @@
 """The commands that the README, the API page, the running-locally page and the reproduce
-page show a reader
-exist and run (issue 46, item 9). tests/test_page_commands_intro_ch01_03.py does the same
+page show a reader exist and run. tests/test_page_commands_intro_ch01_03.py does the same
 for the introduction and chapters 1-3.
 
 - every ``python -m qkmlp...`` command (in a code span or a bash block, also after

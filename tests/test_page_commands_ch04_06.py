@@ -1,9 +1,8 @@
-"""Chapters 4-6 as a learner meets them (issue 43): the main path is at most half the
-prose it had before the detours were marked (3,986 / 3,509 / 3,591 words), plus the words
-of the short proofs it shows inline (issue 56: a proof of three lines or fewer is on the
-main path, tests/test_book_folds.py), every chapter marks detours and has a coding
-exercise with a solution, and each `make` target the pages name exists (as a dry run,
-``make -n``)."""
+"""Chapters 4-6 as a learner meets them: the main path is at most half the prose it had
+before the detours were marked (3,986 / 3,509 / 3,591 words), plus the words of the short
+proofs it shows inline (a proof of three lines or fewer is on the main path,
+tests/test_book_folds.py), every chapter marks detours and has a coding exercise with a
+solution, and each `make` target the pages name exists (as a dry run, ``make -n``)."""
 from __future__ import annotations
 
 import json

@@ -1,9 +1,9 @@
-"""The commands that the introduction and chapters 1-3 show a reader exist and run
-(issue 46, item 9): each `make` target of the introduction's code block (as a dry run,
+"""The commands that the introduction and chapters 1-3 show a reader exist and run:
+each `make` target of the introduction's code block (as a dry run,
 ``make -n``), and each ``python -m qkmlp.book ...`` command of chapters 2 and 3 (with
 ``--help``, which parses the command's arguments first; the notebooks check that the
 stored studies name the same commands, and test_examples.py runs the study itself),
-and (issue 43) that the main path of chapters 1-3 is at most half its prose before the
+and that the main path of chapters 1-3 is at most half its prose before the
 learner pass: 1,908 / 1,844 / 2,611 words, with at least 5 / 5 / 8 detours."""
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_the_chapters_book_commands_parse(chapter):
 
 
 # ----------------------------------------------------------------------------- main path
-# Chapters 1-3 as a learner meets them (issue 43, item 1), checked as chapters 4-6 are
+# Chapters 1-3 as a learner meets them, checked as chapters 4-6 are
 # (test_page_commands_ch04_06.py, whose word count this reuses): the main path, the prose
 # outside detours and folded solutions, is at most half of what it was just before each
 # chapter's first learner-pass commit, counted the same way on the notebook as committed

@@ -172,7 +172,7 @@ def _definite_slots(layer):
 
 
 def test_definite_s_j_at_library_init_raises_and_the_count_differs():
-    # issue 46 item 2: under the library's own initialisation a definite S_j is common at
+    # Under the library's own initialisation a definite S_j is common at
     # d = 2; there the dense ReLU count is not the theorem's m·d(d−1)/2 + m = 8.
     torch.manual_seed(0)
     layer = BilinearAttentionMLP(2, 4, 3, activation="relu")
@@ -205,7 +205,7 @@ def _callable(fn):
 
 
 def test_activations_outside_the_classes_give_other_counts_and_the_prediction_refuses():
-    # issue 46 item 1: the counts need σ in one of the three classes of chapter 7.
+    # The counts need σ in one of the three classes of chapter 7.
     zlogz = _callable(lambda z: z * torch.log(z.abs().clamp_min(1e-300)))
     poly = _callable(lambda z: z + z * z)
     relu2z = _callable(lambda z: torch.relu(z) ** 2 + z)

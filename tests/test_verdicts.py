@@ -12,7 +12,7 @@ from scipy.stats import binomtest, ttest_1samp, wilcoxon
 
 from qkmlp.book import ch08_report as report, ch08_verdicts as verdicts
 from qkmlp.experiments import leaks, width
-from qkmlp.experiments.tasks import _split3
+from qkmlp.experiments.tasks import split3
 
 
 def _row(diffs, task="t"):
@@ -173,10 +173,10 @@ def test_split_overlap_of_the_seeded_and_the_fixed_split():
         assert old["in_tuning_val"][s] == sum(i in val for i in test) / 40
         assert old["in_own_train_or_val"][s] == 0.0
     assert 0 < np.mean(list(old["in_tuning_val"].values())) < 0.4
-    new = leaks.split_overlap(_split3, n, fracs, [100], range(5))
+    new = leaks.split_overlap(split3, n, fracs, [100], range(5))
     assert set(new["in_tuning_any"].values()) == {0.0} == set(new["in_own_train_or_val"].values())
     with pytest.raises(ValueError, match="at least one"):
-        leaks.split_overlap(_split3, n, fracs, [], [1])
+        leaks.split_overlap(split3, n, fracs, [], [1])
 
 
 def test_recall_overlap_counts_shared_sequences_and_tables():

@@ -68,3 +68,30 @@ def real_float_dtype(dtype, name: str = "dtype"):
             f"or torch.float64) or None, got {dtype!r}"
         )
     return dtype
+
+
+def rank_r_args(x, query, key, value) -> tuple[int, int]:
+    """(m, r) of the rank-r formulas' arguments x (N, d), query and key (m·r, d), value
+    (m, d_out), after checking them: ValueError for shapes, TypeError for a non-tensor or
+    mixed dtypes or devices."""
+    ts = {"x": x, "query": query, "key": key, "value": value}
+    for name, t in ts.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if x.dim() != 2 or query.dim() != 2 or key.dim() != 2 or value.dim() != 2:
+        raise ValueError(
+            "expected x (N, d), query and key (m·r, d), value (m, d_out); got "
+            + ", ".join(f"{n} {tuple(t.shape)}" for n, t in ts.items())
+        )
+    m, mr, d = value.shape[0], query.shape[0], x.shape[1]
+    if m == 0 or mr % m or key.shape != query.shape or query.shape[1] != d:
+        raise ValueError(
+            f"expected query and key of one shape (m·r, d) with d = {d} and m = value.shape[0] = {m} "
+            f"dividing m·r; got query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+        )
+    if len({t.dtype for t in ts.values()}) != 1 or len({t.device for t in ts.values()}) != 1:
+        raise TypeError(
+            "x, query, key and value must share one dtype and device; got "
+            + ", ".join(f"{n} {t.dtype} on {t.device}" for n, t in ts.items())
+        )
+    return m, mr // m

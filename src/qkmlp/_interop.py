@@ -3,6 +3,7 @@ Hugging Face MLPs (private helpers of :mod:`qkmlp.layers`)."""
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 
 def fx_method_message(layer) -> str:
@@ -107,3 +108,55 @@ def traced_ndim(layer, x: torch.Tensor) -> torch.Tensor:
             warnings.simplefilter("ignore", DeprecationWarning)
             _SCRIPTED_NDIM_CHECK = torch.jit.script(_ndim_check)
     return _SCRIPTED_NDIM_CHECK(x, x.dim(), type(layer).__name__)
+
+
+def check_llama_linears(gate_proj, up_proj, down_proj, activation) -> None:
+    """TypeError or ValueError naming what was expected unless the three are bias-free
+    ``nn.Linear`` layers of one floating dtype and device forming an MLP
+    ``down(σ(gate(x)) * up(x))`` and ``activation`` is given (``GatedMLP.from_linear``)."""
+    if activation is None:
+        raise TypeError(
+            "GatedMLP.from_linear needs activation=: the three nn.Linear do not say which σ sits "
+            "between them (Llama, Mistral, Qwen2: 'silu'; Gemma: 'gelu_pytorch_tanh'); pass "
+            "activation=config.hidden_act, or GatedMLP.from_mlp(mlp), which reads it from the MLP module"
+        )
+    lins = (("gate_proj", gate_proj), ("up_proj", up_proj), ("down_proj", down_proj))
+    for name, lin in lins:
+        if not isinstance(lin, nn.Linear):
+            raise TypeError(f"{name} must be an nn.Linear, got {type(lin).__name__}")
+        if lin.bias is not None:
+            raise ValueError(
+                f"{name} has a bias; GatedMLP has none (append a constant coordinate to x instead)"
+            )
+    kinds = {(lin.weight.dtype, lin.weight.device) for _, lin in lins}
+    if len(kinds) != 1:
+        raise TypeError(
+            "gate_proj, up_proj and down_proj must share one dtype and device (nothing is cast); got "
+            + ", ".join(f"{name} {lin.weight.dtype} on {lin.weight.device}" for name, lin in lins)
+        )
+    if not gate_proj.weight.is_floating_point():
+        raise TypeError(f"the weights must be floating point, got {gate_proj.weight.dtype}")
+    m, d = gate_proj.weight.shape
+    if up_proj.weight.shape != (m, d):
+        raise ValueError(f"up_proj.weight must have gate_proj's shape {(m, d)}, got {tuple(up_proj.weight.shape)}")
+    if down_proj.weight.shape[1] != m:
+        raise ValueError(f"down_proj must take {m} inputs (d_hidden), got {down_proj.weight.shape[1]}")
+
+
+def llama_linears_of(mlp) -> tuple:
+    """(gate_proj, up_proj, down_proj) of a Llama-style MLP module, or TypeError naming
+    what it lacks (and the way for Phi-3's fused ``gate_up_proj``) (``GatedMLP.from_mlp``)."""
+    parts = {n: getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")}
+    missing = [n for n, lin in parts.items() if not isinstance(lin, nn.Linear)]
+    if missing and isinstance(getattr(mlp, "gate_up_proj", None), nn.Linear):
+        raise TypeError(
+            f"this {type(mlp).__name__} fuses gate and up into one gate_up_proj (Phi-3's layout); "
+            f"from_mlp reads separate gate_proj, up_proj, down_proj. qkmlp.pretrained.surgery reads the "
+            f"fused layout: use_gated_mlps(model) / gated_mlps(model) convert a whole model, and "
+            f"gate, up, down = qkmlp.pretrained.mlp_weights(mlp) split one module (rows 0..m-1 the gate), "
+            f"then GatedMLP.from_linear on nn.Linear layers holding them, with activation="
+        )
+    if missing:
+        raise TypeError(f"expected an MLP module with nn.Linear gate_proj, up_proj and down_proj; "
+                        f"this {type(mlp).__name__} has no nn.Linear {', '.join(missing)}")
+    return tuple(parts.values())

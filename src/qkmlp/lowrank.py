@@ -303,7 +303,7 @@ def _symmetric_layer(layer: BilinearAttentionMLP, q: torch.Tensor, k: torch.Tens
     return out
 
 
-def _check_dense(layer) -> None:
+def check_dense(layer) -> None:
     if not isinstance(layer, BilinearAttentionMLP):
         raise TypeError(f"expected a BilinearAttentionMLP, got {type(layer).__name__}")
 
@@ -315,7 +315,7 @@ def truncated_layer(layer: BilinearAttentionMLP, rank: int, *, method: str = "ba
     method: "eig" (:func:`eig_factors`) or "balanced" (:func:`balanced_factors`).
     Values and activation are copied.
     """
-    _check_dense(layer)
+    check_dense(layer)
     makers = {"eig": eig_factors, "balanced": balanced_factors}
     if method not in makers:
         raise ValueError(f"method must be one of {', '.join(makers)}, got {method!r}")
@@ -326,6 +326,6 @@ def truncated_layer(layer: BilinearAttentionMLP, rank: int, *, method: str = "ba
 @torch.no_grad()
 def exact_layer(layer: BilinearAttentionMLP) -> SymmetricBilinearMLP:
     """The rank-d :class:`SymmetricBilinearMLP` equal to a dense layer (:func:`identity_factors`)."""
-    _check_dense(layer)
+    check_dense(layer)
     q, k = identity_factors(layer.interaction)
     return _symmetric_layer(layer, q, k)

@@ -107,7 +107,7 @@ def _has_ancestor(e, ids) -> bool:
     return False
 
 
-def _counts_only(fn, no_grad: bool = False, min_numel: int = 0) -> dict:
+def counts_only(fn, no_grad: bool = False, min_numel: int = 0) -> dict:
     """:func:`op_counts` without the per-op table (for stored results)."""
     if no_grad:
         with torch.no_grad():

@@ -14,7 +14,7 @@ import torch
 
 from .machine import _loadavg
 from .references import _floor_gemms, make_mlp
-from .timing import _at_threads, _fwd_bwd, time_interleaved
+from .timing import at_threads, fwd_bwd, time_interleaved
 
 __all__ = ["ROOFLINE_KINDS", "gemm_flops", "forward_bytes", "machine_peak", "roofline_point",
            "bench_roofline", "roofline_rows"]
@@ -77,7 +77,7 @@ def machine_peak(*, size: int = 2048, elems: int = 2**25, threads=(1, 2), reps: 
         c = torch.empty(elems, dtype=dtype)
         ops = {"mm": lambda: torch.mm(a_mm, b_mm, out=c_mm),
                "add": lambda: torch.add(a, b, out=c), "copy": lambda: c.copy_(a)}
-        t = time_interleaved({f"{k}@{th}": _at_threads(f, th) for k, f in ops.items() for th in threads},
+        t = time_interleaved({f"{k}@{th}": at_threads(f, th) for k, f in ops.items() for th in threads},
                              "cpu", reps=reps, warmup=1, seed=seed)
     finally:
         torch.set_num_threads(old)
@@ -123,12 +123,12 @@ def roofline_point(d: int = 512, m: int = 1376, n: int = 2048, *, threads=(1, 2)
         fwd = {"floor_gemms": floor}
         fwd.update({k: (lambda mod=mod: mod(x)) for k, mod in mods.items()})
         with torch.no_grad():
-            t_f = time_interleaved({f"{k}@{th}": _at_threads(f, th) for k, f in fwd.items()
+            t_f = time_interleaved({f"{k}@{th}": at_threads(f, th) for k, f in fwd.items()
                                     for th in threads}, "cpu", reps=reps, warmup=1, seed=seed)
         xg = x.detach().requires_grad_(True)
         fb = {"floor_gemms": floor_fwd_bwd}
-        fb.update({k: _fwd_bwd(mod, xg, list(mod.parameters()), gy) for k, mod in mods.items()})
-        t_b = time_interleaved({f"{k}@{th}": _at_threads(f, th) for k, f in fb.items()
+        fb.update({k: fwd_bwd(mod, xg, list(mod.parameters()), gy) for k, mod in mods.items()})
+        t_b = time_interleaved({f"{k}@{th}": at_threads(f, th) for k, f in fb.items()
                                 for th in threads}, "cpu", reps=reps, warmup=1, seed=seed)
     finally:
         torch.set_num_threads(old)

@@ -10,11 +10,11 @@ import torch
 from ..layers import BilinearAttentionMLP, GatedMLP, SymmetricBilinearMLP
 from .machine import _loadavg, machine_info
 from .memory import bench_stack, saved_bytes
-from .ops import _counts_only
+from .ops import counts_only
 from .references import LlamaMLP, _floor_gemms, _liger_swiglu
 from .roofline import bench_roofline
 from .stats import TARGETS, paired_ratio, verdict
-from .timing import _fwd_bwd, time_interleaved
+from .timing import fwd_bwd, time_interleaved
 
 __all__ = ["bench_headline", "bench_rank", "bench_size", "headline_sizes", "run"]
 
@@ -72,7 +72,7 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
         t_fwd = time_interleaved(fwd, device, reps=reps)
     xg = x.detach().requires_grad_(True)
     fb = {"floor_gemms": floor_fwd_bwd}
-    fb.update({k: _fwd_bwd(mod, xg, ps, gy) for k, (mod, ps) in mods.items()})
+    fb.update({k: fwd_bwd(mod, xg, ps, gy) for k, (mod, ps) in mods.items()})
     t_fb = time_interleaved(fb, device, reps=reps)
     mins_f = {k: t["min_s"] for k, t in t_fwd.items()}
     mins_b = {k: t["min_s"] for k, t in t_fb.items()}
@@ -126,11 +126,11 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
     if not compile_backend:
         for k in ("llama_mlp", *layers):
             mod, ps = mods[k]
-            counts[k] = {"forward": _counts_only(lambda mod=mod: mod(x), no_grad=True),
-                         "forward_backward": _counts_only(_fwd_bwd(mod, xg, ps, gy))}
+            counts[k] = {"forward": counts_only(lambda mod=mod: mod(x), no_grad=True),
+                         "forward_backward": counts_only(fwd_bwd(mod, xg, ps, gy))}
             if n * m > m * d:          # passes over activations only (larger than any weight)
-                counts[k]["forward_activations"] = _counts_only(lambda mod=mod: mod(x), True, n * m)
-                counts[k]["forward_backward_activations"] = _counts_only(_fwd_bwd(mod, xg, ps, gy),
+                counts[k]["forward_activations"] = counts_only(lambda mod=mod: mod(x), True, n * m)
+                counts[k]["forward_backward_activations"] = counts_only(fwd_bwd(mod, xg, ps, gy),
                                                                          min_numel=n * m)
     return {
         "op_counts": counts,

@@ -65,14 +65,14 @@ def _minor_faults() -> Optional[int]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def _fwd_bwd(module_fn, x, params, gy):
+def fwd_bwd(module_fn, x, params, gy):
     def f():
         y = module_fn(x)
         torch.autograd.grad(y, [x, *params], gy)
     return f
 
 
-def _at_threads(fn: Callable[[], object], threads: int) -> Callable[[], object]:
+def at_threads(fn: Callable[[], object], threads: int) -> Callable[[], object]:
     """``fn`` run with ``torch.set_num_threads(threads)`` (for interleaving thread counts)."""
     def g():
         torch.set_num_threads(threads)

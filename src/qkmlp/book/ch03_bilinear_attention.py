@@ -51,7 +51,7 @@ def symmetric_part(layer: BilinearAttentionMLP) -> BilinearAttentionMLP:
     """A copy of ``layer`` with every A_j replaced by (A_j + A_jᵀ)/2; same function.
 
     (The layer-level twin of :func:`qkmlp.lowrank.symmetric_part`, which takes matrices.)"""
-    lowrank._check_dense(layer)
+    lowrank.check_dense(layer)
     out = copy.deepcopy(layer)
     out.interaction.copy_(lowrank.symmetric_part(layer.interaction))
     return out
@@ -60,7 +60,7 @@ def symmetric_part(layer: BilinearAttentionMLP) -> BilinearAttentionMLP:
 @torch.no_grad()
 def antisymmetric_part(layer: BilinearAttentionMLP) -> BilinearAttentionMLP:
     """A copy of ``layer`` with every A_j replaced by (A_j − A_jᵀ)/2; all its scores are 0."""
-    lowrank._check_dense(layer)
+    lowrank.check_dense(layer)
     out = copy.deepcopy(layer)
     out.interaction.copy_((layer.interaction - layer.interaction.transpose(1, 2)) / 2)
     return out

@@ -1,8 +1,9 @@
-"""Verdicts worded at the strength of their tests, and the cells of tables that fit a phone.
+"""Verdicts worded at the strength of their tests, and the cells of tables that fit a phone
+(the typography itself, signed numbers and non-breaking spaces, is :mod:`qkmlp.book.typography`).
 
 Two kinds of comparison reach the experiments chapter:
 
-- **declared** ones (:mod:`.declared`): the test, α, the multiplicity family and the
+- **declared** ones (:mod:`qkmlp.experiments.declared`): the test, α, the multiplicity family and the
   equivalence margin were committed before the grid they read; :func:`budget_rows`
   adds the budgets a declaration names but that are not stored yet, and
   :func:`trend_status` / :func:`multiplier_status` say what the stored budgets allow;
@@ -17,7 +18,7 @@ The rule, for both: a difference only where the Holm-adjusted paired t-test p-va
 below α; "level" only where the TOST shows the mean difference within ±margin at α;
 otherwise "not resolved", with the detectable difference beside it.
 
-Rows of :func:`family_tests` are :func:`qkmlp.experiments.report.gain` rows: ``diffs``
+Rows of :func:`family_tests` are :func:`qkmlp.book.ch08_report.gain` rows: ``diffs``
 oriented so that a positive difference means the first family (a) is better.
 """
 from __future__ import annotations
@@ -28,18 +29,11 @@ import re
 from typing import Mapping, Optional, Sequence, Union
 
 from ..runbase.stats import detectable_difference, holm, tost
+from .typography import MINUS, NBSP, breakable, interval, signed  # noqa: F401  (chapter 11 imports NBSP, signed from here)
 
-__all__ = ["family_tests", "verdict", "signed", "interval", "gain_cell", "verdict_cell", "breakable", "family_table",
+__all__ = ["family_tests", "verdict", "gain_cell", "verdict_cell", "family_table",
            "declared_steps", "budget_rows", "budget_table", "budget_p_table", "trend_status", "multiplier_status",
-           "status_text", "share_kept", "extension_table", "NBSP", "MINUS"]
-
-NBSP = "\u00a0"
-MINUS = "\u2212"
-SHY = "\u00ad"
-#: Long words of the chapter's tables, with the places a phone may hyphenate them (soft
-#: hyphens): a table column is as narrow as its longest unbreakable word.
-_HYPHENS = {"symmetrised": "sym-met-rised", "symmetrized": "sym-met-rized", "symmetric": "sym-met-ric",
-            "comparison": "com-par-ison", "replication": "rep-li-ca-tion"}
+           "status_text", "share_kept", "extension_table"]
 
 _STEPS = re.compile(r"_(\d+)\.json$")
 
@@ -57,7 +51,7 @@ def verdict(holm_p: float, tost_p: float, mean_diff: float, alpha: float = 0.05)
 
 def family_tests(rows: list[dict], margin: Union[float, Mapping[str, float]], alpha: float = 0.05,
                  power: float = 0.8, missing: int = 0) -> list[dict]:
-    """Test one family of :func:`~qkmlp.experiments.report.gain` rows, in place.
+    """Test one family of :func:`~qkmlp.book.ch08_report.gain` rows, in place.
 
     ``margin``: the equivalence margin in the rows' units (a number), or ``{task: margin}``
     looked up by ``row["task"]``. ``missing``: members of the family whose grid is not
@@ -96,21 +90,6 @@ def family_tests(rows: list[dict], margin: Union[float, Mapping[str, float]], al
 
 # --- cells of narrow tables -----------------------------------------------------------------
 
-def signed(x: float, digits: int, scale: float = 1.0) -> str:
-    """``x * scale`` with its sign (a true minus sign), ``digits`` decimals: "+0.005", "−0.012"."""
-    v = round(x * scale, digits)
-    if v == 0:
-        v = 0.0                                  # no "−0.000"
-    s = f"{v:+.{digits}f}"
-    return s.replace("-", MINUS)
-
-
-def interval(ci: Sequence[float], digits: int, scale: float = 1.0) -> str:
-    """A confidence interval on one line: "[−0.012, +0.022]" (no break inside)."""
-    lo, hi = ci
-    return f"[{signed(lo, digits, scale)},{NBSP}{signed(hi, digits, scale)}]"
-
-
 def gain_cell(row: dict, digits: int, scale: float = 1.0, mde_digits: Optional[int] = None) -> str:
     """The mean difference and its interval: "+0.005 [−0.012, +0.022]" (a break only
     between the two); with ``mde_digits``, an unresolved row adds the difference the test
@@ -119,15 +98,6 @@ def gain_cell(row: dict, digits: int, scale: float = 1.0, mde_digits: Optional[i
     if mde_digits is not None and row.get("verdict") == "not resolved":
         out += f" (detectable {row['mde'] * scale:.{mde_digits}f})"
     return out
-
-
-def breakable(text: str) -> str:
-    """``text`` with soft hyphens in the long words of ``_HYPHENS`` (invisible unless a
-    narrow column breaks the word there)."""
-    for word, parts in _HYPHENS.items():
-        for w, p in ((word, parts), (word.capitalize(), parts.capitalize())):
-            text = text.replace(w, p.replace("-", SHY))
-    return text
 
 
 def verdict_cell(row: dict, a: str, b: str, digits: int = 3, scale: float = 1.0) -> str:

@@ -4,7 +4,7 @@ The toy tasks that split one fixed data set (digits, modular addition) first dre
 split from the run's seed (task version 1, :func:`seeded_split`): the tuning seed's
 validation split then held part of each evaluation seed's test split, and the learning
 rate chosen on it had seen those examples. Since task version 2 every seed shares one test
-split (``qkmlp.experiments.tasks._split3``). :func:`split_overlap` measures the share
+split (``qkmlp.experiments.tasks.split3``). :func:`split_overlap` measures the share
 for either split function. Fact recall draws its sequences from the seed and its own
 fact table (:func:`recall_overlap` counts identical sequences, and says whether their
 answers could carry over: they come from different tables).

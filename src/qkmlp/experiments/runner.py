@@ -85,8 +85,8 @@ def _cell(rec: dict) -> dict:
     return {k: rec[k] for k in _CELL_FIELDS if k in rec}
 
 
-_IMPORT_COMMIT = IMPORT_GIT["git_commit"] or "unknown"
-_IMPORT_DIRTY = IMPORT_GIT["git_dirty"]
+IMPORT_COMMIT = IMPORT_GIT["git_commit"] or "unknown"
+IMPORT_DIRTY = IMPORT_GIT["git_dirty"]
 
 
 def _versions() -> dict:
@@ -134,8 +134,8 @@ def run_cell(task: str, cell: dict, seed: int, config: Optional[dict] = None, de
     start = time.perf_counter()
     rec = t.run(cell, seed, cfg, dev, progress)
     return {**cell, "seed": seed, "lr": cfg["lr"], **rec, "wall_s": time.perf_counter() - start,
-            "host": socket.gethostname(), "machine": run_machine(), "git_commit": _IMPORT_COMMIT,
-            "git_dirty": _IMPORT_DIRTY, "code_version": RUN_CODE_VERSION, "task_version": t.version}
+            "host": socket.gethostname(), "machine": run_machine(), "git_commit": IMPORT_COMMIT,
+            "git_dirty": IMPORT_DIRTY, "code_version": RUN_CODE_VERSION, "task_version": t.version}
 
 
 def choose_lr(tune_runs: list[dict], cell: dict, lrs: list) -> dict:
@@ -348,7 +348,7 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
     meta = {
         "task": task, "size": size, "description": t.description, "metric": t.metric,
         "higher_is_better": t.higher_is_better, "qkmlp_version": __version__,
-        "git_commit": _IMPORT_COMMIT, "git_uncommitted_changes": _IMPORT_DIRTY, "versions": _versions(),
+        "git_commit": IMPORT_COMMIT, "git_uncommitted_changes": IMPORT_DIRTY, "versions": _versions(),
         "torch_version": torch.__version__, "python": platform.python_version(), "device": str(dev),
         "hardware": _hardware(dev), "seeds": seeds, "tune_seeds": tune_seeds, "lrs": lrs, "world_size": world,
         "wall_s": time.perf_counter() - start, "run_wall_s_total": sum(r["wall_s"] for r in runs + tune_runs),
@@ -372,7 +372,7 @@ def _compact_curve(rec: dict, n: int = 41) -> dict:
     subsampled to at most n evaluations (first and last kept), so the stored file stays
     small; the run itself is unchanged. A record read back from a stored file (a cache
     seeded from it) keeps its ``late_gain``: that one came from the full, unrounded curve."""
-    from .train import _sub_index
+    from .train import sub_index
 
     curve = rec.get("curve")
     if not curve:
@@ -380,7 +380,7 @@ def _compact_curve(rec: dict, n: int = 41) -> dict:
     gain = rec["late_gain"] if "late_gain" in rec else late_gain(curve["val_step"], curve["val_loss"])
     out = {**rec, "late_gain": gain}
     if len(curve["val_step"]) > n:
-        idx = _sub_index(len(curve["val_step"]), n)
+        idx = sub_index(len(curve["val_step"]), n)
         out["curve"] = {**curve, "val_step": [curve["val_step"][i] for i in idx],
                         "val_loss": [curve["val_loss"][i] for i in idx]}
     return out

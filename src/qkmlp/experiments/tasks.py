@@ -49,7 +49,7 @@ from .train import train
 
 __all__ = [
     "Task", "TASKS", "get_task", "digits_data", "modadd_data", "teacher_data", "parity_floor", "recall_data",
-    "recall_splits",
+    "recall_splits", "split3",
     "TinyTransformer", "TOY_FAMILIES", "SLOW_TOY_FAMILIES", "RANK2_FAMILIES", "LM_FAMILIES",
     "COMPUTE_FAMILIES", "COMPUTE_BUDGETS",
 ]
@@ -81,7 +81,7 @@ def _accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
 TEST_SPLIT_SEED = 20261201
 
 
-def _split3(n: int, fracs, seed: int):
+def split3(n: int, fracs, seed: int):
     """A partition of range(n) into train / validation / test index tensors.
 
     The test indices are the same for every ``seed`` (drawn with :data:`TEST_SPLIT_SEED`);
@@ -94,6 +94,9 @@ def _split3(n: int, fracs, seed: int):
     test, rest = fixed[:n_te], fixed[n_te:]
     rest = rest[torch.randperm(len(rest), generator=torch.Generator().manual_seed(seed))]
     return rest[n_va:], rest[:n_va], test
+
+
+_split3 = split3      # the name chapter 8 imported; use split3
 
 
 def _fit_eval(model, ffn, data, ffn_inputs, cfg, seed, loss, progress):
@@ -211,7 +214,7 @@ def digits_data(seed: int, fracs=(0.6, 0.2, 0.2), device="cpu", bias: bool = Fal
     bunch = load_digits()
     x = torch.tensor(bunch.data, dtype=torch.float32) / 16.0
     y = torch.tensor(bunch.target, dtype=torch.long)
-    tr, va, te = _split3(len(y), fracs, seed)
+    tr, va, te = split3(len(y), fracs, seed)
     x = x - x[tr].mean(0)
     if bias:
         x = torch.cat([x, torch.ones(len(x), 1)], dim=1)
@@ -245,7 +248,7 @@ def modadd_data(p: int, fracs, seed: int, device="cpu"):
     b = torch.arange(p).repeat(p)
     x = torch.cat([F.one_hot(a, p), F.one_hot(b, p)], dim=1).float()
     y = (a + b) % p
-    tr, va, te = _split3(p * p, fracs, seed)
+    tr, va, te = split3(p * p, fracs, seed)
     return tuple(t.to(device) for t in (x[tr], y[tr], x[va], y[va], x[te], y[te]))
 
 

@@ -150,7 +150,7 @@ def train(
     model.load_state_dict(best_state)
     model.eval()
     tail = history[-max(1, len(history) // 20):]
-    idx = _sub_index(len(history), n_curve)
+    idx = sub_index(len(history), n_curve)
     extra = {"lr_drop_steps": drop_steps} if lr_drops else {}
     return {
         **extra,
@@ -165,7 +165,7 @@ def train(
     }
 
 
-def _sub_index(n: int, k: int) -> list[int]:
+def sub_index(n: int, k: int) -> list[int]:
     """At most k roughly evenly spaced indices of range(n), always keeping the last."""
     if n <= k:
         return list(range(n))

@@ -107,15 +107,15 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     from .. import __version__
-    from .runner import _IMPORT_COMMIT, _IMPORT_DIRTY, _hardware, _versions
+    from .runner import IMPORT_COMMIT, IMPORT_DIRTY, _hardware, _versions
 
     widths = [int(w) for w in args.widths.split(",")]
     t0 = time.perf_counter()
     res = measure(widths, rounds=args.rounds, steps=args.steps, threads=args.threads)
     res["meta"] = {"command": " ".join(["python -m qkmlp.experiments.width", *(argv if argv is not None else
                                                                                sys.argv[1:])]),
-                   "qkmlp_version": __version__, "git_commit": _IMPORT_COMMIT,
-                   "git_uncommitted_changes": _IMPORT_DIRTY, "versions": _versions(),
+                   "qkmlp_version": __version__, "git_commit": IMPORT_COMMIT,
+                   "git_uncommitted_changes": IMPORT_DIRTY, "versions": _versions(),
                    "hardware": _hardware(torch.device("cpu")), "python": platform.python_version(),
                    "wall_s": round(time.perf_counter() - t0, 1),
                    "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

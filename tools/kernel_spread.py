@@ -10,7 +10,7 @@ against the stored files (written on another machine). Then it applies deliberat
 changes of the numerics and prints how far they move the same numbers. The guards'
 tolerance (``REL_TOL`` in tests/numerics_tolerance.py) must lie between the two::
 
-    python tests/kernel_spread.py
+    python tools/kernel_spread.py
 """
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+TESTS = HERE.parent / "tests"          # run_reference, test_retrain, numerics_tolerance live there
+sys.path.insert(0, str(TESTS))
 
 
 def flat(x, path=""):
@@ -69,7 +70,7 @@ def references() -> dict:
 def in_subprocess(capability: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ref.json"
-        code = (f"import json, sys; sys.path.insert(0, {str(HERE)!r}); import kernel_spread as k; "
+        code = (f"import json, sys; sys.path[:0] = [{str(HERE)!r}, {str(TESTS)!r}]; import kernel_spread as k; "
                 f"json.dump(k.references(), open({str(out)!r}, 'w'))")
         env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
         subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=1800)
@@ -77,8 +78,8 @@ def in_subprocess(capability: str) -> dict:
 
 
 def main() -> None:
-    stored = {"retrain": json.loads((HERE / "retrain_reference.json").read_text())["runs"],
-              "runs": json.loads((HERE / "data" / "run_reference.json").read_text())["runs"]}
+    stored = {"retrain": json.loads((TESTS / "retrain_reference.json").read_text())["runs"],
+              "runs": json.loads((TESTS / "data" / "run_reference.json").read_text())["runs"]}
     got = {}
     for cap in ("avx512", "avx2", "default"):
         r = in_subprocess(cap)
