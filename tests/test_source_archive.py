@@ -58,7 +58,7 @@ def test_in_a_git_checkout_the_files_are_the_tracked_ones():
     if tracked is None:
         pytest.skip(f"{ROOT} is not a git checkout (an unpacked source archive has no .git)")
     tops = ("Makefile", "requirements.txt", "pyproject.toml", "_config.yml", "_toc.yml", "README.md",
-            "LICENSE", ".ci/", "book/", "src/qkmlp/", "tests/")
+            "CONTRIBUTING.md", "LICENSE", ".ci/", "book/", "lab/", "src/qkmlp/", "tests/", "tools/")
     want = sorted(f for f in tracked if f.startswith(tops) and (ROOT / f).is_file()
                   and "__pycache__" not in f)
     assert sa.source_files(ROOT, use_git=True) == want

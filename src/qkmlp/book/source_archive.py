@@ -6,8 +6,9 @@ archive the build writes beside the pages, unpacks it and runs the README's two 
 (``make book``, ``make test``) in it.
 
 What goes in (:data:`INCLUDE`): the ``Makefile``, ``requirements.txt``,
-``pyproject.toml``, ``_config.yml``, ``_toc.yml``, ``README.md``, ``LICENSE``, ``.ci/``,
-``book/`` (with ``book/data/``), ``src/qkmlp/`` and ``tests/``. In a git checkout whose
+``pyproject.toml``, ``_config.yml``, ``_toc.yml``, ``README.md``, ``CONTRIBUTING.md``,
+``LICENSE``, ``.ci/``, ``book/`` (with ``book/data/``), ``lab/`` (JupyterLab's settings),
+``src/qkmlp/``, ``tests/`` and ``tools/`` (which a test imports). In a git checkout whose
 top is the source folder the files are the ones git tracks (as they are on disk now);
 elsewhere (a folder unpacked from the archive, with no ``.git``) every file under those
 paths but what the repository's ``.gitignore`` leaves out (:data:`EXCLUDE_DIRS`,
@@ -37,7 +38,8 @@ ARCHIVE_NAME = "qkmlp-source.tar.gz"
 TOP = "qkmlp-source"
 #: What ``make book`` and ``make test`` need, relative to the source folder.
 INCLUDE = ("Makefile", "requirements.txt", "pyproject.toml", "_config.yml", "_toc.yml",
-           "README.md", "LICENSE", ".ci", "book", "src/qkmlp", "tests")
+           "README.md", "CONTRIBUTING.md", "LICENSE", ".ci", "book", "lab", "src/qkmlp", "tests",
+           "tools")
 #: Files without which the archive could not run ``make book`` / ``make test``.
 REQUIRED = ("Makefile", "requirements.txt", "pyproject.toml", "_config.yml", "_toc.yml",
             "book", "src/qkmlp", "tests")
