@@ -96,7 +96,6 @@ def split3(n: int, fracs, seed: int):
     return rest[n_va:], rest[:n_va], test
 
 
-_split3 = split3      # the name chapter 8 imported; use split3
 
 
 def _fit_eval(model, ffn, data, ffn_inputs, cfg, seed, loss, progress):
