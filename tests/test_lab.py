@@ -320,6 +320,11 @@ def _run_all(lab: Lab, context, name: str) -> Run:
     evals, roles, empty = _source_roles(lab.book / f"{name}.ipynb")
     page.evaluate("(empty) => { const c = document.querySelectorAll('" + PANEL_CSS + " .jp-Cell');"
                   " for (const i of empty) c[i] && c[i].classList.add('qk-empty'); }", sorted(empty))
+    # Checking code opens folded (tools/lab_folds.py), and a folded cell shows no prompt:
+    # View > Expand All Code first, so that the execution counts can be read.
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^View$")).click()
+    page.locator(".lm-Menu-item[data-command='notebook:show-all-cell-code']").click()
+    time.sleep(1)
     # Run > Run All Cells, with the mouse. Lab can show the kernel idle a moment before it
     # runs anything, and Run All then does nothing: click again while no cell has run.
     deadline, clicks, idle_since, state = time.monotonic() + RUN_ALL_S, 0, None, None
@@ -360,10 +365,6 @@ def _run_all(lab: Lab, context, name: str) -> Run:
         page.locator(f"{PANEL_CSS} .jp-Cell").nth(min(evals)).scroll_into_view_if_needed()
         time.sleep(0.5)
         page.screenshot(path=str(SHOTS / f"{name}-numbers.png"))
-    # Folded cells (hide-cell) show no prompt: View > Expand All Code shows their counts.
-    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^View$")).click()
-    page.locator(".lm-Menu-item[data-command='notebook:show-all-cell-code']").click()
-    time.sleep(1)
     found = page.evaluate(_PROBLEMS_JS, {"evals": {str(k): v for k, v in evals.items()},
                                          "roles": {str(k): v for k, v in roles.items()}})
     if found["count"] != n_cells:
