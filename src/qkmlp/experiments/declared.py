@@ -316,12 +316,14 @@ def _complete(results: dict, families: Sequence[str], seeds: Sequence[int], metr
                              + (f" (missing {missing})" if missing else ""))
 
 
-def corpus_tests(declaration: dict, results: dict, seeds: Sequence[int], power: float = 0.8) -> list[dict]:
+def corpus_tests(declaration: dict, results: dict, seeds: Optional[Sequence[int]] = None,
+                 power: float = 0.8) -> list[dict]:
     """The declared comparisons of one grid (``lm-python-p1.json``), Holm over them.
 
     ``declaration["comparisons"]`` (each ``{"id", "a", "b"}``) are read on ``results`` (the
     runner's format; pass :func:`qkmlp.experiments.runner.unrounded` results), every family
-    on exactly ``seeds`` (a partial grid raises). One row per comparison: ``id``, ``a``,
+    on exactly ``seeds`` (default: the evaluation seeds of the declaration's task size; a
+    partial grid raises). One row per comparison: ``id``, ``a``,
     ``b``, ``n``, ``mean_diff`` (a − b), ``sd_diff``, ``ci`` (95 % t), ``t_p``, ``holm_p``,
     ``wilcoxon_p``, ``wilcoxon_agrees``, ``tost_p``, ``margin``, ``verdict`` (the rule of
     :func:`verdict`), ``a_wins`` (seeds with a lower), ``mde`` (the difference the paired
@@ -330,6 +332,10 @@ def corpus_tests(declaration: dict, results: dict, seeds: Sequence[int], power: 
     """
     metric, alpha, margin = declaration["metric"], declaration["alpha"], declaration["equivalence"]["margin"]
     comps = declaration["comparisons"]
+    if seeds is None:
+        from .tasks import get_task
+
+        seeds = get_task(declaration["task"]).config(declaration["size"])["seeds"]
     _complete(results, sorted({c[x]["family"] for c in comps for x in ("a", "b")}), seeds, metric)
     rows = []
     for comp in comps:
