@@ -38,7 +38,10 @@ def main(argv=None) -> int:
                         "that length, tuned), replicate (SwiGLU against its symmetrised control at that "
                         "length, ten new seeds), compute_1500 / compute_6000 / compute_24000 (four families at "
                         "three step budgets, the gap against compute), compute_24000_twenty (the 24,000-step grid on "
-                        "twenty seeds, 20-39) and gpu (a larger model)")
+                        "twenty seeds, 20-39), stdlib_6000 (SwiGLU, its symmetrised control and the key-value ReLU MLP at "
+                        "6,000 steps on the second corpus, Python's standard-library source), compute_24000_p1_look1 / "
+                        "compute_24000_p1_look2 (SwiGLU against its symmetrised control at 24,000 steps on fresh "
+                        "seeds 40-59 / 40-79, the group-sequential test's two looks) and gpu (a larger model)")
     p.add_argument("--quick", action="store_true", help="the same as --size quick")
     p.add_argument("--device", default="cpu", help="cpu or cuda (cuda:0, ...)")
     p.add_argument("--seeds", type=int, default=None, help="number of evaluation seeds (default: the config's)")

@@ -15,7 +15,10 @@ equivalence margin. This module
   compute multiplier (:func:`compute_multiplier`, an estimate with a seed-bootstrap
   interval);
 - words each result by the declared rule (:func:`verdict`): a difference only under Holm,
-  "level" only under the TOST, "not resolved" otherwise.
+  "level" only under the TOST, "not resolved" otherwise;
+- reads the declared tests of one grid (:func:`corpus_tests`: several comparisons, Holm
+  over them, e.g. P1 on a second corpus) and the group-sequential test of one comparison
+  (:func:`sequential_test`: declared looks, Lan-DeMets boundaries, a stopping rule).
 
 Results are dicts of the runner's format (:func:`qkmlp.experiments.runner.load_results`),
 passed as ``{step budget: results}``.
@@ -29,10 +32,11 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 from .runner import values_by_seed
-from ..runbase.stats import detectable_difference, holm, mean_sd, t_interval, t_test, tost, wilcoxon_test
+from ..runbase.stats import (detectable_difference, holm, mean_sd, sequential_bounds, sequential_look, t_interval,
+                             t_test, tost, wilcoxon_test)
 
 __all__ = ["load_declarations", "declaration_commit", "commit_order", "budget_tests", "extension_tests",
-           "trend_tests", "compute_multiplier", "verdict", "trend_verdict"]
+           "corpus_tests", "sequential_test", "trend_tests", "compute_multiplier", "verdict", "trend_verdict"]
 
 
 def load_declarations(folder, prefix: str = "") -> dict[str, dict]:
@@ -300,3 +304,101 @@ def compute_multiplier(declaration: dict, results_by_steps: Mapping[int, dict], 
                          "ci": (bs[int(0.025 * n_boot)], bs[int(0.975 * n_boot) - 1]),
                          "outside_grid": sum(1 for x in bs if x in (0.0, math.inf)) / n_boot})
     return rows
+
+
+def _complete(results: dict, families: Sequence[str], seeds: Sequence[int], metric: str) -> None:
+    """Raise unless every family has exactly ``seeds`` in ``results`` (nothing is read early)."""
+    for fam in families:
+        have = sorted(values_by_seed(results, metric, family=fam))
+        if have != sorted(seeds):
+            missing = sorted(set(seeds) - set(have))
+            raise ValueError(f"{fam} has seeds {have}; the declared test reads {sorted(seeds)}"
+                             + (f" (missing {missing})" if missing else ""))
+
+
+def corpus_tests(declaration: dict, results: dict, seeds: Optional[Sequence[int]] = None,
+                 power: float = 0.8) -> list[dict]:
+    """The declared comparisons of one grid (``lm-python-p1.json``), Holm over them.
+
+    ``declaration["comparisons"]`` (each ``{"id", "a", "b"}``) are read on ``results`` (the
+    runner's format; pass :func:`qkmlp.experiments.runner.unrounded` results), every family
+    on exactly ``seeds`` (default: the evaluation seeds of the declaration's task size; a
+    partial grid raises). One row per comparison: ``id``, ``a``,
+    ``b``, ``n``, ``mean_diff`` (a − b), ``sd_diff``, ``ci`` (95 % t), ``t_p``, ``holm_p``,
+    ``wilcoxon_p``, ``wilcoxon_agrees``, ``tost_p``, ``margin``, ``verdict`` (the rule of
+    :func:`verdict`), ``a_wins`` (seeds with a lower), ``mde`` (the difference the paired
+    t-test detects with probability ``power`` at the strictest Holm level α/m) and
+    ``seeds``/``diffs``.
+    """
+    metric, alpha, margin = declaration["metric"], declaration["alpha"], declaration["equivalence"]["margin"]
+    comps = declaration["comparisons"]
+    if seeds is None:
+        from .tasks import get_task
+
+        seeds = get_task(declaration["task"]).config(declaration["size"])["seeds"]
+    _complete(results, sorted({c[x]["family"] for c in comps for x in ("a", "b")}), seeds, metric)
+    rows = []
+    for comp in comps:
+        sd_seeds, diffs = _diffs(results, comp["a"], comp["b"], metric)
+        mu, sd = mean_sd(diffs)
+        rows.append({"id": comp["id"], "a": comp["a"]["family"], "b": comp["b"]["family"], "n": len(diffs),
+                     "mean_diff": mu, "sd_diff": sd, "ci": t_interval(diffs), "t_p": t_test(diffs),
+                     "wilcoxon_p": wilcoxon_test(diffs), "tost_p": tost(diffs, margin), "margin": margin,
+                     "alpha": alpha, "a_wins": sum(1 for x in diffs if x < 0), "seeds": sd_seeds, "diffs": diffs})
+    for r, p in zip(rows, holm([r["t_p"] for r in rows])):
+        r["holm_p"] = p
+        r["verdict"] = verdict(p, r["tost_p"], r["mean_diff"], alpha)
+        r["wilcoxon_agrees"] = (r["t_p"] < alpha) == (r["wilcoxon_p"] < alpha)
+        r["mde"] = detectable_difference(r["sd_diff"], r["n"], alpha=alpha / len(rows), power=power)
+    return rows
+
+
+def sequential_test(declaration: dict, results: dict) -> dict:
+    """The declared group-sequential test of one comparison (``lm24k-p1-sequential.json``).
+
+    ``declaration["looks"]`` lists each look's seeds (nested, increasing) and information
+    fraction; the boundaries are :func:`qkmlp.runbase.stats.sequential_bounds` of those
+    fractions at ``alpha`` with the declared spending function. Looks are taken in order on
+    ``results`` (the runner's format, unrounded; it may hold more seeds than a look reads):
+    a look whose seeds are not all stored for both families ends the reading. At each look:
+    stop with 'a lower' / 'b lower' when the paired t p-value is at most the look's nominal
+    p; else stop with 'level within ±margin' when the repeated confidence interval lies
+    inside ±margin; else go on to the next look, or 'not resolved' after the last.
+
+    Returns ``{"looks", "bounds", "verdict", "stopped_at", "status"}``: ``looks`` one
+    :func:`qkmlp.runbase.stats.sequential_look` row per look taken (with ``look``,
+    ``seeds``, ``diffs``, ``wilcoxon_p``, ``wilcoxon_agrees`` at the nominal p, ``a_wins``,
+    ``ci95`` the naive 95 % t-interval, and ``decision``); ``verdict`` None and ``status``
+    'waiting for look k' while the rule has not decided.
+    """
+    kind = declaration["spending"]["kind"]
+    metric, alpha = declaration["metric"], declaration["alpha"]
+    margin = declaration["equivalence"]["margin"]
+    a, b = declaration["comparison"]["a"], declaration["comparison"]["b"]
+    looks = declaration["looks"]
+    seeds_by_look = [sorted(lk["seeds"]) for lk in looks]
+    if any(not set(p) < set(q) for p, q in zip(seeds_by_look, seeds_by_look[1:])):
+        raise ValueError("each look's seeds must strictly contain the previous look's")
+    bounds = sequential_bounds([lk["information_fraction"] for lk in looks], alpha, kind)
+    va, vb = values_by_seed(results, metric, **a), values_by_seed(results, metric, **b)
+    out = {"looks": [], "bounds": bounds, "verdict": None, "stopped_at": None}
+    for k, (seeds, bound) in enumerate(zip(seeds_by_look, bounds), start=1):
+        if not (set(seeds) <= set(va) and set(seeds) <= set(vb)):
+            out["status"] = f"waiting for look {k} (seeds {seeds[0]}-{seeds[-1]} of both families)"
+            return out
+        diffs = [va[s] - vb[s] for s in seeds]
+        row = {"look": k, "seeds": seeds, "diffs": diffs,
+               **sequential_look(diffs, bound["nominal_p"], margin), "ci95": t_interval(diffs),
+               "wilcoxon_p": wilcoxon_test(diffs), "a_wins": sum(1 for x in diffs if x < 0)}
+        row["wilcoxon_agrees"] = row["rejects"] == (row["wilcoxon_p"] <= bound["nominal_p"])
+        if row["rejects"]:
+            row["decision"] = "a lower" if row["mean_diff"] < 0 else "b lower"
+        elif row["inside_margin"]:
+            row["decision"] = "level within ±margin"
+        else:
+            row["decision"] = "continue" if k < len(looks) else "not resolved"
+        out["looks"].append(row)
+        if row["decision"] != "continue":
+            out.update(verdict=row["decision"], stopped_at=k, status="decided")
+            return out
+    raise AssertionError("unreachable: the last look always decides")

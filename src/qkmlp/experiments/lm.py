@@ -126,15 +126,22 @@ _DATA_CACHE: dict = {}
 def lm_data(source: str, ctx: int):
     """(train stream (N,) long, validation windows (n, ctx+1), test windows (n, ctx+1)).
 
-    The training stream is the training plays joined by blank lines, in name order;
-    validation and test windows are cut from each play separately (no window spans two
-    plays). Cached per process.
+    ``source``: ``"cache"`` (Shakespeare's plays), ``"excerpt"`` (the committed excerpt of
+    them) or ``"python_stdlib"`` (the pinned standard-library source, :mod:`.pysource`).
+    The training stream is the training plays (or files) joined by blank lines, in name
+    order; validation and test windows are cut from each play (file) separately (no window
+    spans two). Cached per process.
     """
     from .corpus import encode, load_plays     # imported here: `python -m ...corpus` stays clean
 
     key = (source, ctx)
     if key not in _DATA_CACHE:
-        plays = load_plays(source)
+        if source == "python_stdlib":
+            from .pysource import load_modules
+
+            plays = load_modules()
+        else:
+            plays = load_plays(source)
         train_ids = encode("\n\n".join(plays["train"][p] for p in sorted(plays["train"])))
         held = {s: torch.cat([_windows(encode(plays[s][p]), ctx) for p in sorted(plays[s])])
                 for s in ("validation", "test")}

@@ -29,7 +29,7 @@ Tasks (all data generated, bundled or fetched at install time; no downloads at r
   Only the feed-forward block changes between families. Minibatch AdamW with weight decay
   0.1, which gives the cross-entropy a floor once the table is stored.
 - ``lm``: a character-level transformer language model on Shakespeare's plays
-  (:mod:`.lm`, :mod:`.corpus`).
+  (:mod:`.lm`, :mod:`.corpus`), or on Python's standard-library source (:mod:`.pysource`).
 """
 from __future__ import annotations
 
@@ -614,10 +614,30 @@ TASKS: dict[str, Task] = {
                "compute_24000_twenty": dict(families=COMPUTE_FAMILIES, tune_seeds=[102, 103],
                                             seeds=list(range(20, 40)), records_of="compute_24000",
                                             **{**_lm.SIZES["cpu"], "max_steps": 24000, "eval_every": 800,
-                                               "patience": 1000, "lrs": COMPUTE_BUDGETS[24000]})},
+                                               "patience": 1000, "lrs": COMPUTE_BUDGETS[24000]}),
+               # P1 on a second corpus: the compute_6000 protocol (model, schedule, rate grid,
+               # tuning seeds 102-103, evaluation seeds 20-29) with the pinned standard-library
+               # source of the running Python (.pysource) instead of the plays, for SwiGLU, its
+               # symmetrised control and the key-value ReLU positive control. Declared first, in
+               # book/data/experiments/declared/lm-python-p1.json (chapter 8).
+               "stdlib_6000": dict(families=["gated1-silu", "symgated1-silu", "kv-relu"], tune_seeds=[102, 103],
+                                   seeds=list(range(20, 30)),
+                                   **{**_lm.SIZES["cpu"], "source": "python_stdlib", "max_steps": 6000,
+                                      "eval_every": 200, "patience": 1000, "lrs": COMPUTE_BUDGETS[6000]}),
+               # P1 alone at 24,000 steps on fresh seeds, group-sequential: look 1 reads seeds
+               # 40-59, look 2 (only if look 1 does not stop) seeds 40-79. The same configuration
+               # as compute_24000 (its folder of records, its stored rates; nothing retuned).
+               # Declared first, in book/data/experiments/declared/lm24k-p1-sequential.json.
+               **{f"compute_24000_p1_look{k}": dict(families=["gated1-silu", "symgated1-silu"],
+                                                    tune_seeds=[102, 103], seeds=list(range(40, 40 + 20 * k)),
+                                                    records_of="compute_24000",
+                                                    **{**_lm.SIZES["cpu"], "max_steps": 24000, "eval_every": 800,
+                                                       "patience": 1000, "lrs": COMPUTE_BUDGETS[24000]})
+                  for k in (1, 2)}},
         cells=_family_cells, run=_lm.lm_run, metric="test_loss", higher_is_better=False,
-        description="character-level language model on Shakespeare's plays (split by play); "
-                    "only the feed-forward blocks change; metric: test nats per character",
+        description="character-level language model on Shakespeare's plays (split by play; size stdlib_6000: "
+                    "on Python's standard-library source, split by file); only the feed-forward blocks change; "
+                    "metric: test nats per character",
     ),
 }
 

@@ -17,11 +17,11 @@ an effect smaller than this".
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Optional, Sequence
 
 __all__ = ["mean_sd", "sign_test", "t_interval", "t_test", "wilcoxon_test", "tost", "paired_comparison", "holm",
            "holm_rejects", "paired_t",
-           "detectable_difference"]
+           "detectable_difference", "spending", "sequential_bounds", "sequential_look"]
 
 
 def _floats(values, name: str) -> list[float]:
@@ -263,3 +263,123 @@ def paired_comparison(a: Sequence[float], b: Sequence[float], level: float = 0.9
         "diffs": diffs,
         "significant": bool(lo > 0 or hi < 0),
     }
+
+
+# --- group-sequential tests ------------------------------------------------------------
+
+def spending(t: float, alpha: float = 0.05, kind: str = "obrien-fleming") -> float:
+    """The Lan-DeMets (1983) α-spending function of a two-sided test at information
+    fraction ``t``: the type I error spent by then, both sides together, each side spending
+    half. ``"obrien-fleming"``: 2·[2 − 2Φ(z_{1−α/4}/√t)], the one-sided O'Brien-Fleming-type
+    function at α/2 per side (spends almost nothing early; the convention of gsDesign's
+    ``sfLDOF`` with ``test.type=2`` and of DeMets & Lan 1994); ``"pocock"``:
+    α·ln(1 + (e − 1)t)."""
+    from scipy.stats import norm
+
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+    if not 0 <= t <= 1:
+        raise ValueError(f"the information fraction t must be in [0, 1], got {t!r}")
+    if kind == "obrien-fleming":
+        return 0.0 if t == 0 else float(2 * (2 - 2 * norm.cdf(norm.isf(alpha / 4) / math.sqrt(t))))
+    if kind == "pocock":
+        return float(alpha * math.log(1 + (math.e - 1) * t))
+    raise ValueError(f"kind must be 'obrien-fleming' or 'pocock', got {kind!r}")
+
+
+def sequential_bounds(fractions: Sequence[float], alpha: float = 0.05, kind: str = "obrien-fleming",
+                      grid: int = 2001) -> list[dict]:
+    """Two-sided group-sequential boundaries from a Lan-DeMets spending function.
+
+    ``fractions``: the information fractions of the looks, increasing, the last 1 (for a
+    paired test of n_k seeds at look k out of N: n_k / N). At look k the test rejects when
+    |Z_k| ≥ c_k, where Z_k is the standardised statistic on the data so far (a Brownian
+    motion in the information: Cov(Z_i, Z_j) = √(t_i/t_j), i ≤ j); c_k is chosen so that the
+    probability under the null of a first crossing at look k is the increment of
+    :func:`spending` (numerical integration of the continuation densities on a grid,
+    Armitage, McPherson & Rowe 1969; Jennison & Turnbull 2000, ch. 19).
+
+    Returns one dict per look: ``fraction``, ``z`` (c_k), ``nominal_p`` (2(1 − Φ(c_k)), the
+    two-sided p-value at which look k rejects), ``spent`` (α spent by look k) and
+    ``cross_p`` (the null probability of a first crossing at look k, recomputed).
+    """
+    import numpy as np
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    ts = _floats(fractions, "fractions")
+    if not ts or any(b <= a for a, b in zip(ts, ts[1:])) or ts[0] <= 0 or abs(ts[-1] - 1) > 1e-12:
+        raise ValueError(f"fractions must increase strictly from above 0 to exactly 1, got {list(fractions)}")
+    if grid < 101 or grid % 2 == 0:
+        raise ValueError(f"grid must be an odd number of points >= 101, got {grid!r}")
+    spent = [spending(t, alpha, kind) for t in ts]
+    out = []
+    # look 1: Z_1 is standard normal
+    c = float(norm.isf((spent[0]) / 2))
+    out.append({"fraction": ts[0], "z": c, "nominal_p": spent[0], "spent": spent[0], "cross_p": spent[0]})
+    # sub-density of S_1 = Z_1 √t_1 on the continuation region, on Simpson's grid
+    b = c * math.sqrt(ts[0])
+    s = np.linspace(-b, b, grid)
+    w = np.full(grid, 2.0)
+    w[1:-1:2] = 4.0
+    w[0] = w[-1] = 1.0
+    w *= (s[1] - s[0]) / 3
+    f = norm.pdf(s, scale=math.sqrt(ts[0]))
+    for k in range(1, len(ts)):
+        sd = math.sqrt(ts[k] - ts[k - 1])
+        target = spent[k] - spent[k - 1]
+
+        def cross(bk):
+            # P(continue to k−1, then |S_k| ≥ bk) = ∫ f(u) P(|u + D| ≥ bk) du, D ~ N(0, Δt)
+            tail = norm.sf((bk - s) / sd) + norm.cdf((-bk - s) / sd)
+            return float(np.sum(w * f * tail))
+
+        lo, hi = 1e-9, 40.0 * math.sqrt(ts[k])
+        if cross(lo) < target:
+            raise ValueError(f"look {k + 1} cannot spend {target:.3g}: the continuation probability is too small")
+        bk = brentq(lambda x: cross(x) - target, lo, hi, xtol=1e-12)
+        ck = bk / math.sqrt(ts[k])
+        out.append({"fraction": ts[k], "z": ck, "nominal_p": float(2 * norm.sf(ck)), "spent": spent[k],
+                    "cross_p": cross(bk)})
+        if k + 1 < len(ts):      # the continuation density at look k
+            s_new = np.linspace(-bk, bk, grid)
+            kern = norm.pdf((s_new[:, None] - s[None, :]) / sd) / sd
+            f = kern @ (w * f)
+            s = s_new
+            w = np.full(grid, 2.0)
+            w[1:-1:2] = 4.0
+            w[0] = w[-1] = 1.0
+            w *= (s[1] - s[0]) / 3
+    return out
+
+
+def sequential_look(diffs: Sequence[float], nominal_p: float, margin: Optional[float] = None) -> dict:
+    """One look of a group-sequential paired t-test at its boundary's nominal level.
+
+    The look rejects "no difference" when the two-sided paired t p-value of ``diffs`` is at
+    most ``nominal_p`` (the boundary carried to the t scale by equal p-values). The
+    repeated confidence interval is mean ± t_{n−1, 1−nominal_p/2}·sd/√n: the intervals of
+    all looks cover the true mean together with probability about 1 − α, whatever the
+    stopping rule, so its ends are the effects the data exclude at that look. With
+    ``margin``, ``inside_margin`` says whether that interval lies inside ±margin.
+
+    Returns ``n``, ``mean_diff``, ``sd_diff``, ``t_p``, ``nominal_p``, ``rejects``,
+    ``rci`` and (with a margin) ``inside_margin``.
+    """
+    from scipy.stats import t as student_t
+
+    d = _floats(diffs, "diffs")
+    if len(d) < 2:
+        raise ValueError(f"a look needs at least two paired differences, got {len(d)}")
+    if not 0 < nominal_p < 1:
+        raise ValueError(f"nominal_p must be in (0, 1), got {nominal_p!r}")
+    mu, sd = mean_sd(d)
+    p = t_test(d)
+    half = float(student_t.isf(nominal_p / 2, len(d) - 1)) * sd / math.sqrt(len(d))
+    out = {"n": len(d), "mean_diff": mu, "sd_diff": sd, "t_p": p, "nominal_p": nominal_p,
+           "rejects": bool(p <= nominal_p), "rci": (mu - half, mu + half)}
+    if margin is not None:
+        if not (math.isfinite(margin) and margin > 0):
+            raise ValueError(f"margin must be finite and > 0, got {margin!r}")
+        out["inside_margin"] = bool(-margin < mu - half and mu + half < margin)
+    return out
