@@ -1,4 +1,4 @@
-"""What the chapters fold and what they show (issue 56, item 4).
+"""What the chapters fold and what they show.
 
 A proof of three lines or fewer is the explanation itself ("put b = 1"), so it stays on
 the main path; a longer proof is a detour, folded in a dropdown; and a proven statement

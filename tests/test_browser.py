@@ -87,12 +87,12 @@ LAYOUT_ARGS = {"minPt": MIN_FIGURE_PT, "rasterScale": RASTER_SCALE, "svgScale": 
 LAYOUT_CHECKS = ["raw_table", "wide_math", "cut_math", "page_width", "figure_resolution",
                  "figure_text", "explorer", "icons"]
 MIN_TAP_PX = 44          # header buttons, both sides, CSS px
-MIN_SLIDER_PX = 44       # a slider's height (the explorer's α was 16 px, issue 43), CSS px
-# The chapters whose page targets issue 33 set: visible code at most 15 % of the page on a
+MIN_SLIDER_PX = 44       # a slider's height (the explorer's α was once 16 px), CSS px
+# The chapters whose page targets were set: visible code at most 15 % of the page on a
 # phone (8-11); at most a quarter of the tables scrolling sideways, none with a verdict
 # column (8, 10 and 11).
-# On a phone the answer box of chapters 8, 9 and 11 starts on the first screen (issue 56:
-# chapter 8's began at 841 px of an 844 px screen, under a 241 px title whose permalink "#"
+# On a phone the answer box of chapters 8, 9 and 11 starts on the first screen
+# (chapter 8's began at 841 px of an 844 px screen, under a 241 px title whose permalink "#"
 # had wrapped onto a line of its own). Measured as the page loads, CSS px from its top.
 ANSWER_PAGES = ("book/08_experiments", "book/09_pretrained", "book/11_retrain")
 ANSWER_TOP_MAX = 700
@@ -101,7 +101,7 @@ CODE_SHARE_PAGES = ("book/08_experiments", "book/09_pretrained", "book/10_cost",
 TABLE_PAGES = ("book/08_experiments", "book/10_cost", "book/11_retrain")
 SCROLLING_TABLES_MAX = 0.25
 # Columns that carry a verdict: chapter 10 names one "verdict"; chapter 8's verdicts are
-# its "Holm p" and "detectable" columns (issue 33 found both out of view at 390 px).
+# its "Holm p" and "detectable" columns (both were once out of view at 390 px).
 VERDICT_COLUMNS = re.compile(r"verdict|holm|detectable", re.I)
 
 CHROMIUM = chromium()
@@ -787,7 +787,7 @@ def test_header_tap_targets_are_at_least_44px(site):
 
 def test_sliders_are_at_least_44px_tall(site):
     """Every slider on a page, the static explorer's α above all, is a touch target at
-    least 44 px tall at both widths (it was 144 x 16 px on a phone: issue 43)."""
+    least 44 px tall at both widths (it was once 144 x 16 px on a phone)."""
     if not any(r.has_explorer for r in site.values()):
         pytest.skip("no page contains div.qkmlp-static-explorer (chapter 5 not built)")
     bad = {}
@@ -813,7 +813,7 @@ def test_desktop_sidebar_does_not_scroll_itself(site):
 
 
 def test_chapters_8_to_11_put_the_argument_first_on_a_phone(site):
-    """Issue 33's targets at 390 px (tests/measure_pages.py prints the numbers; with
+    """The page targets at 390 px (tests/measure_pages.py prints the numbers; with
     --verdict 'verdict|holm|detectable' as here): visible code at most 15 % of the page's
     height on chapters 8-10; on chapters 8 and 10 at most a quarter of the tables scroll
     sideways, and none of those has a verdict column (VERDICT_COLUMNS)."""

@@ -64,7 +64,7 @@ def test_the_chapters_book_commands_parse(chapter):
 # chapter's first learner-pass commit, counted the same way on the notebook as committed
 # there: chapter 1, 1,908 words at f5f7428 (the parent of 1125fc8); chapter 2, 1,844 at
 # 1125fc8 (the parent of c561ff9); chapter 3, 2,611 at c561ff9 (the parent of c76d1f6).
-# The limit moves by the words of the short proofs shown inline (issue 56: a proof of three
+# The limit moves by the words of the short proofs shown inline (a proof of three
 # lines or fewer is on the main path, tests/test_book_folds.py), and by nothing else.
 # Each chapter keeps its detours (5 / 5 / 4: chapter 3 had 8, four of them the folded
 # short proofs of corollary 3.1, proposition 3.1, lemma 3.1 and proposition 3.2, now

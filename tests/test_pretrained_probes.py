@@ -1,4 +1,4 @@
-"""qkmlp.pretrained round two: the path to the exchange, the up/down gauge, the weight-space
+"""qkmlp.pretrained: the path to the exchange, the up/down gauge, the weight-space
 probes, outliers by position, and the per-unit exchange, each against a plain formula,
 finite differences or linear algebra (never against the module itself)."""
 from __future__ import annotations
