@@ -1,0 +1,171 @@
+"""The units whose exchange moves the starting loss most: a forward-pass search.
+
+A matched control (:mod:`~.matching`) exchanges q and k in a random fraction of every
+layer's units. A few units can carry most of the start's change (chapter 9: a unit that
+writes a massive activation); a control whose draw leaves such a unit intact while the
+symmetric arm breaks it is matched on the mean but not on what it breaks. This search
+finds those units on the *validation* windows, with no unit chosen by hand:
+
+1. **screen** every unit of every layer (30 × 1536 for SmolLM2) cheaply, at the trained
+   model: the first-order change of the validation loss when that unit alone is exchanged
+   (the loss gradient at the layer's output dotted with the change,
+   :func:`~qkmlp.pretrained.units.unit_swap_costs`, ``predicted``) and the size of its
+   change relative to the layer's output (``local``);
+2. **price exactly** the ``top`` units of each ranking (their union): one forward pass each,
+   the model with that unit alone exchanged, its validation start (mean over the
+   validation texts of the mean window loss, as :func:`~.matching.start_loss`);
+3. the units exchanged with the control are those of largest exact change
+   (``n_select``, by default one); for the ``symmetric_top`` largest the start with that unit
+   alone replaced by σ(a·b) is measured too (does σ(ab) break it as well?).
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+__all__ = ["UnitSymmetric", "validation_start", "screen_units", "unit_search", "write_unit_search"]
+
+
+class UnitSymmetric(nn.Module):
+    """The rank-1 gated layer ``g`` with the units ``units`` computing σ(a·b) instead of
+    σ(a)·b (σ the layer's activation), the others untouched: g(x) + Σ_j∈units [σ(a_j b_j) −
+    σ(a_j) b_j] v_j."""
+
+    def __init__(self, g, units):
+        super().__init__()
+        if getattr(g, "rank", None) != 1:
+            raise ValueError("UnitSymmetric needs a rank-1 GatedMLP")
+        idx = torch.as_tensor(list(units), dtype=torch.long)
+        if idx.numel() and not (0 <= int(idx.min()) and int(idx.max()) < g.d_hidden):
+            raise IndexError(f"units must lie in [0, {g.d_hidden}), got {idx.tolist()}")
+        self.g, self.units = g, idx
+
+    def forward(self, x):
+        q, k = self.g.query[self.units, 0], self.g.key[self.units, 0]
+        a, b = x @ q.T, x @ k.T
+        act = self.g.activation
+        return self.g(x) + (act(a * b) - act(a) * b) @ self.g.value[self.units]
+
+
+def _validation(data) -> dict:
+    if not data.validation:
+        raise ValueError("the data hold no validation texts")
+    return data.validation
+
+
+@torch.no_grad()
+def validation_start(model, data, eval_batch: int = 8) -> float:
+    """Mean over the validation texts of the mean window loss of ``model`` as it is."""
+    from .core import evaluate
+
+    per = evaluate(model, _validation(data), eval_batch)
+    return sum(sum(v) / len(v) for v in per.values()) / len(per)
+
+
+def screen_units(model, data, *, eval_batch: int = 8) -> dict:
+    """Per layer: ``predicted`` (m,) and ``local`` (m,) of
+    :func:`~qkmlp.pretrained.units.unit_swap_costs` on the validation windows, the
+    predicted change weighted so that it is a change of the validation *mean* (each text's
+    windows averaged, then the texts)."""
+    from ..heldout import layer_inputs
+    from ..surgery import gated_mlps
+    from ..units import mlp_output_grads, unit_swap_costs
+
+    gs = gated_mlps(model)
+    layers = list(range(len(gs)))
+    predicted = [torch.zeros(g.d_hidden, dtype=torch.float64) for g in gs]
+    sq = [torch.zeros(g.d_hidden, dtype=torch.float64) for g in gs]
+    fsq = [0.0] * len(gs)
+    texts = _validation(data)
+    for ids in texts.values():
+        grads = mlp_output_grads(model, ids, layers, batch_size=eval_batch)
+        _, _, mlp_in = layer_inputs(model, ids, mlp_inputs=True)
+        for l, g in enumerate(gs):
+            c = unit_swap_costs(g, mlp_in[l], grads[l])
+            predicted[l] += c["predicted"] / len(texts)
+            # local = ||Δ_j|| ||v_j|| / ||f||; pool the squares over the texts
+            with torch.no_grad():
+                f2 = float((g(mlp_in[l].to(g.value.dtype)).double() ** 2).sum())
+            sq[l] += c["local"].double() ** 2 * f2
+            fsq[l] += f2
+    return {"predicted": predicted, "local": [(s / f).sqrt() for s, f in zip(sq, fsq)]}
+
+
+def _top(scores: list, n: int) -> list[tuple[int, int]]:
+    flat = torch.cat(scores)
+    sizes = [len(s) for s in scores]
+    order = torch.argsort(flat, descending=True, stable=True)[:n].tolist()
+    out = []
+    for i in order:
+        l = 0
+        while i >= sizes[l]:
+            i -= sizes[l]
+            l += 1
+        out.append((l, i))
+    return out
+
+
+def unit_search(model, data, *, top: int = 12, n_select: int = 1, symmetric_top: int = 3, eval_batch: int = 8,
+                log=None) -> dict:
+    """Screen every unit, price the ``top`` of each ranking exactly, select ``n_select``
+    (see the module docstring). ``model`` is left as it was. Returns ``base`` (the trained
+    model's validation start), ``candidates`` (one dict per priced unit, largest exact change
+    first: ``layer``, ``unit``, ``predicted``, ``local``, ``rank_predicted``, ``rank_local``,
+    ``start``, ``change``, and ``symmetric_start``/``symmetric_change`` where measured),
+    ``selected`` ([(layer, unit)], sorted) and ``n_units`` (units screened)."""
+    from ..surgery import gated_mlps, mlps_replaced
+    from ..units import partially_swapped
+
+    if not (isinstance(top, int) and top >= 1 and isinstance(n_select, int) and 1 <= n_select <= top):
+        raise ValueError(f"need ints top >= 1 and 1 <= n_select <= top, got top={top!r}, n_select={n_select!r}")
+    gs = gated_mlps(model)
+    t0 = time.perf_counter()
+    base = validation_start(model, data, eval_batch)
+    s = screen_units(model, data, eval_batch=eval_batch)
+    if log:
+        log(f"screened {sum(len(p) for p in s['predicted'])} units ({time.perf_counter() - t0:.0f} s); "
+            f"validation start {base:.4f}")
+    by_pred, by_local = _top(s["predicted"], top), _top(s["local"], top)
+    cands = list(dict.fromkeys(by_pred + by_local))
+    rows = []
+    for l, j in cands:
+        with mlps_replaced(model, {l: partially_swapped(gs[l], [j])}):
+            start = validation_start(model, data, eval_batch)
+        rows.append({"layer": l, "unit": j, "predicted": float(s["predicted"][l][j]), "local": float(s["local"][l][j]),
+                     "rank_predicted": by_pred.index((l, j)) + 1 if (l, j) in by_pred else None,
+                     "rank_local": by_local.index((l, j)) + 1 if (l, j) in by_local else None,
+                     "start": start, "change": start - base})
+        if log:
+            log(f"layer {l}, unit {j}: exchanged alone, validation start {start:.4f} ({start - base:+.4f})")
+    rows.sort(key=lambda r: -r["change"])
+    for r in rows[:symmetric_top]:
+        with mlps_replaced(model, {r["layer"]: UnitSymmetric(gs[r["layer"]], [r["unit"]])}):
+            r["symmetric_start"] = validation_start(model, data, eval_batch)
+        r["symmetric_change"] = r["symmetric_start"] - base
+        if log:
+            log(f"layer {r['layer']}, unit {r['unit']}: sigma(ab) alone, start {r['symmetric_start']:.4f}")
+    selected = sorted((r["layer"], r["unit"]) for r in rows[:n_select])
+    return {"base": base, "candidates": rows, "selected": selected, "top": top, "n_select": n_select,
+            "n_units": sum(len(p) for p in s["predicted"]), "wall_s": time.perf_counter() - t0}
+
+
+def write_unit_search(grid, path, *, top: int = 12, n_select: int = 1, command=None, log=None) -> Path:
+    """:func:`unit_search` on ``grid``'s model and validation windows, written with its
+    provenance to ``path`` (``{"meta", "search"}``)."""
+    from ...runbase.provenance import IMPORT_GIT, machine, versions
+
+    model, _, data = grid._base()
+    c = grid.cfg
+    found = unit_search(model, data, top=top, n_select=n_select, eval_batch=c["eval_batch"], log=log)
+    meta = {"command": command, **IMPORT_GIT, "run_key": grid.key, "model": grid.model_id,
+            "validation_texts": list(c["validation_texts"]), "n_windows": c["n_windows"], "seq_len": c["seq_len"],
+            "versions": versions("transformers"), "machine": machine(), "wall_s": found["wall_s"],
+            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"meta": meta, "search": found}, indent=1) + "\n")
+    return path
