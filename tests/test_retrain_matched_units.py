@@ -199,6 +199,51 @@ def test_unit_search_finds_the_unit_an_exhaustive_search_finds():
         unit_search(hf, data, top=2, n_select=3)
 
 
+class PlainMix(nn.Module):
+    """σ(a·b) in every unit but ``gated`` units, which compute σ(a)·b (HF weights)."""
+
+    def __init__(self, mlp, gated_units):
+        super().__init__()
+        self.gate, self.up, self.down = (copy.deepcopy(getattr(mlp, n).weight) for n in ("gate_proj", "up_proj", "down_proj"))
+        self.mask = torch.zeros(self.gate.shape[0], dtype=torch.bool)
+        self.mask[list(gated_units)] = True
+
+    def forward(self, x):
+        a, b = x @ self.gate.T, x @ self.up.T
+        return torch.where(self.mask, F.silu(a) * b, F.silu(a * b)) @ self.down.T
+
+
+def test_restore_search_finds_the_unit_sigma_ab_breaks_most_by_exhaustion():
+    from qkmlp.pretrained.retrain.unitsearch import restore_search
+
+    cfg = tiny_cfg()
+    data = tiny_data(cfg)
+    hf = tiny_llama()
+    n_layers, m = hf.config.num_hidden_layers, hf.config.intermediate_size
+
+    def sym_model(gated_at=None):
+        ref = copy.deepcopy(hf)
+        for i, layer in enumerate(ref.model.layers):
+            layer.mlp = PlainMix(hf.model.layers[i].mlp, [gated_at[1]] if gated_at and gated_at[0] == i else [])
+        return ref
+
+    base = _val_mean(sym_model(), data)
+    fall = {(l, j): base - _val_mean(sym_model((l, j)), data) for l in range(n_layers) for j in range(m)}
+    best = max(fall, key=fall.get)
+    got = restore_search(hf, data, base_arm="symmetric", top=6, exchange_top=2, eval_batch=2)
+    assert got["selected"] == [best]
+    assert got["base"] == pytest.approx(base, abs=1e-10)
+    assert got["trained"] == pytest.approx(_val_mean(hf, data), abs=1e-10)
+    for r in got["candidates"]:
+        assert r["fall"] == pytest.approx(fall[r["layer"], r["unit"]], abs=1e-10)
+    for r in got["candidates"][:2]:
+        ref = copy.deepcopy(hf)
+        ref.model.layers[r["layer"]].mlp = PlainUnits(hf.model.layers[r["layer"]].mlp, [r["unit"]])
+        assert r["exchange_change"] == pytest.approx(_val_mean(ref, data) - got["trained"], abs=1e-10)
+    with pytest.raises(ValueError, match="base_arm"):
+        restore_search(hf, data, base_arm="gated")
+
+
 # --- the second measures of distance -------------------------------------------------------
 
 def test_distances_are_the_plain_starts_and_relative_mlp_changes():
