@@ -335,3 +335,38 @@ def test_the_declared_verdict_reads_a_control_with_named_units(delta, verdict):
     ps = sorted(c["p"] for c in cells)
     assert min(c["holm_p"] for c in cells) == pytest.approx(min(1.0, 6 * ps[0]))
     assert CR.is_matched_control("swapped-f0.812+L1U83")
+
+
+def _three(deltas):
+    """σ(ab), the control and three matched controls of σ(ab), each M = S + its delta[seed]."""
+    controls = ["swapped-f0.836", "swapped-f0.700+L2U90", "swapped-f0.810+L27U903"]
+    runs = []
+    for seed in (0, 1):
+        rng = np.random.default_rng(seed)
+        c = {t: (3.0 + rng.normal(0, 0.5, 16)).tolist() for t in TEXTS}
+        s = {t: (np.array(c[t]) + 2.0 + rng.normal(0, 0.01, 16)).tolist() for t in TEXTS}
+        runs += [{"arm": "gated", "seed": seed, "windows_after": c}, {"arm": "symmetric", "seed": seed, "windows_after": s}]
+        for ctrl, d in zip(controls, deltas):
+            runs.append({"arm": ctrl, "seed": seed,
+                         "windows_after": {t: (np.array(s[t]) + d[seed] + rng.normal(0, 0.01, 16)).tolist() for t in TEXTS}})
+    res = {"config": {"heldout_texts": TEXTS, "main_text": "pydoc_topics",
+                      "arm_blocks": [["gated", "symmetric"], controls]}, "runs": runs}
+    tests = [({"matches": {"symmetric": {"control": c}, **({"symmetrized": {"control": "x"}} if i == 0 else {})}},
+              {"alpha": 0.05, "equivalence": {"margin": 0.1}}) for i, c in enumerate(controls)]
+    return res, tests
+
+
+def test_the_verdict_against_confounds_is_the_agreed_one_or_not_resolved():
+    beyond, level = (-0.5, -0.4), (0.0, 0.0)
+    res, tests = _three([beyond, beyond, beyond])
+    out = CR.verdict_against_confounds(res, tests)
+    assert out["verdict"] == "symmetric form costs beyond its distance"
+    assert set(out["by_control"]) == {"swapped-f0.836", "swapped-f0.700+L2U90", "swapped-f0.810+L27U903"}
+    res, tests = _three([beyond, beyond, level])
+    out = CR.verdict_against_confounds(res, tests)
+    assert out["verdict"] == CR.NOT_RESOLVED_CONFOUNDS
+    assert out["by_control"]["swapped-f0.810+L27U903"] == "distance accounts for the gap"
+    # each test is its own family of 6 cells, even where its matching lists another arm too
+    assert all(len(t["cells"]) == 6 for t in out["tests"])
+    with pytest.raises(KeyError, match="no control for 'symmetric'"):
+        CR.verdict_against_confounds(res, [({"matches": {}}, {"alpha": 0.05, "equivalence": {"margin": 0.1}})])
