@@ -244,6 +244,43 @@ def test_restore_search_finds_the_unit_sigma_ab_breaks_most_by_exhaustion():
         restore_search(hf, data, base_arm="gated")
 
 
+def test_next_unit_search_finds_the_intact_unit_that_moves_a_controls_start_most():
+    from qkmlp.pretrained.retrain.unitsearch import next_unit_search
+
+    cfg = tiny_cfg()
+    data = tiny_data(cfg)
+    hf = tiny_llama()
+    n_layers, m, f = hf.config.num_hidden_layers, hf.config.intermediate_size, 0.5
+    drawn = {i: torch.randperm(m, generator=torch.Generator().manual_seed(i))[:round(f * m)].tolist() for i in range(n_layers)}
+
+    def control(extra=None):
+        ref = copy.deepcopy(hf)
+        for i, layer in enumerate(ref.model.layers):
+            layer.mlp = PlainUnits(hf.model.layers[i].mlp, drawn[i] + ([extra[1]] if extra and extra[0] == i else []))
+        return ref
+
+    base = _val_mean(control(), data)
+    change = {(l, j): _val_mean(control((l, j)), data) - base
+              for l in range(n_layers) for j in range(m) if j not in drawn[l]}
+    best = max(change, key=change.get)
+    got = next_unit_search(hf, data, core.partial_swap_arm(f), top=6, restore_top=2, eval_batch=2)
+    assert got["selected"] == [best] and got["n_units"] == len(change)
+    assert got["base"] == pytest.approx(base, abs=1e-10)
+    for r in got["candidates"]:
+        assert (r["layer"], r["unit"]) in change                    # never a unit the control exchanges already
+        assert r["change"] == pytest.approx(change[r["layer"], r["unit"]], abs=1e-10)
+    sym = copy.deepcopy(hf)
+    for i, layer in enumerate(sym.model.layers):
+        layer.mlp = PlainMix(hf.model.layers[i].mlp, [])
+    s_base = _val_mean(sym, data)
+    for r in got["candidates"][:2]:
+        one = copy.deepcopy(sym)
+        one.model.layers[r["layer"]].mlp = PlainMix(hf.model.layers[r["layer"]].mlp, [r["unit"]])
+        assert r["symmetric_restore_fall"] == pytest.approx(s_base - _val_mean(one, data), abs=1e-10)
+    with pytest.raises(ValueError, match="partially swapped control"):
+        next_unit_search(hf, data, "symmetric")
+
+
 # --- the second measures of distance -------------------------------------------------------
 
 def test_distances_are_the_plain_starts_and_relative_mlp_changes():

@@ -81,6 +81,8 @@ def main(argv=None) -> int:
                    help="where --unit-search writes (default: %(default)s)")
     p.add_argument("--restore-in", metavar="ARM", help="with --unit-search: search instead, in ARM's model "
                    "(symmetric: sigma(ab)), for the units whose return to the gated form lowers its start most")
+    p.add_argument("--next-to", metavar="CONTROL", help="with --unit-search: search instead, in CONTROL's model "
+                   "(swapped-f0.xxx), for the units it leaves gated whose exchange as well moves its start most")
     p.add_argument("--top", type=int, default=12, help="--unit-search: units of each screening ranking priced "
                    "exactly (default: %(default)s)")
     p.add_argument("--distances", nargs="+", metavar="ARM", help="train nothing: each ARM's start on every text "
@@ -123,7 +125,7 @@ def main(argv=None) -> int:
     log(f"threads {torch.get_num_threads()}, run key {grid.key}, records in {records}")
     if args.unit_search:
         from .unitsearch import write_unit_search
-        log(f"wrote {write_unit_search(grid, args.unit_search_out, top=args.top, restore_in=args.restore_in, command=command, log=log)}")
+        log(f"wrote {write_unit_search(grid, args.unit_search_out, top=args.top, restore_in=args.restore_in, next_to=args.next_to, command=command, log=log)}")
         return 0
     if args.match:
         from .matching import write_matching

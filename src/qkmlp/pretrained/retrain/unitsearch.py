@@ -23,7 +23,9 @@ model can move the start by nats once most others are exchanged). :func:`restore
 asks the question *in the symmetric arm's own model*: which unit, given back its gated form
 σ(a)·b while every other unit keeps σ(a·b), lowers the σ(ab) arm's start most: the unit
 σ(ab) breaks most, in context. Same screen (first order at the σ(ab) model, and local
-size), same exact pricing.
+size), same exact pricing. :func:`next_unit_search` asks it in a matched *control's* own
+model: among the units the control leaves gated, which one, exchanged as well, moves its
+start most (the unit its draw leaves intact that matters most where it stands).
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ import torch
 from torch import nn
 
 __all__ = ["UnitSymmetric", "UnitForm", "FORMS", "validation_start", "screen_units", "unit_search", "restore_search",
-           "write_unit_search"]
+           "next_unit_search", "write_unit_search"]
 
 
 class UnitSymmetric(nn.Module):
@@ -193,16 +195,103 @@ def unit_search(model, data, *, top: int = 12, n_select: int = 1, symmetric_top:
             "n_units": sum(len(p) for p in s["predicted"]), "wall_s": time.perf_counter() - t0}
 
 
-def write_unit_search(grid, path, *, top: int = 12, n_select: int = 1, restore_in=None, command=None,
-                      log=None) -> Path:
+def next_unit_search(model, data, control: str, *, top: int = 12, n_select: int = 1, restore_top: int = 3,
+                     restore_in: str = "symmetric", eval_batch: int = 8, log=None) -> dict:
+    """In the model of ``control`` (a partially swapped control, ``swapped-f0.xxx[+L…U…]``),
+    among the units it leaves gated, those whose exchange as well, alone, moves its
+    validation start most: screen them (first order at the control's model, and local
+    size; the units the control already exchanges are left out), price the ``top`` of each
+    ranking exactly, select the ``n_select`` of largest rise. For the ``restore_top``
+    largest, the fall of ``restore_in``'s start when that unit alone is made gated again in
+    its model is measured too (does σ(ab) break it?). ``model`` is left as it was. Returns
+    ``control``, ``base`` (the control's start), ``candidates`` (largest ``change`` first),
+    ``selected``, ``n_units`` (units screened: those the control leaves gated), ``wall_s``."""
+    import copy
+
+    from ..heldout import layer_inputs
+    from ..surgery import decoder_layers, gated_mlps, mlps_replaced
+    from ..units import mlp_output_grads, partially_swapped, unit_swap_costs
+    from .core import PARTIAL_SWAP, build_arm
+
+    if not (isinstance(control, str) and PARTIAL_SWAP.match(control)):
+        raise ValueError(f"control must be a partially swapped control swapped-f0.xxx[+L<l>U<u>...], got {control!r}")
+    if not (isinstance(top, int) and top >= 1 and isinstance(n_select, int) and 1 <= n_select <= top):
+        raise ValueError(f"need ints top >= 1 and 1 <= n_select <= top, got top={top!r}, n_select={n_select!r}")
+    t0 = time.perf_counter()
+    gs = gated_mlps(model)
+    bm = copy.deepcopy(model)
+    cl = build_arm(bm, control)
+    for layer in cl:
+        layer.requires_grad_(False)
+    free = [~(c.query_weight != g.query_weight).any(1) for c, g in zip(cl, gs)]     # units still gated
+    base = validation_start(bm, data, eval_batch)
+    layers = list(range(len(gs)))
+    pred = [torch.zeros(g.d_hidden, dtype=torch.float64) for g in gs]
+    sq = [torch.zeros(g.d_hidden, dtype=torch.float64) for g in gs]
+    fsq = [0.0] * len(gs)
+    texts = _validation(data)
+    for ids in texts.values():
+        grads = mlp_output_grads(bm, ids, layers, batch_size=eval_batch)
+        _, _, mlp_in = layer_inputs(bm, ids, mlp_inputs=True)
+        for l, c in enumerate(cl):
+            r = unit_swap_costs(c, mlp_in[l], grads[l])
+            pred[l] += r["predicted"].double() / len(texts)
+            with torch.no_grad():
+                f2 = float((c(mlp_in[l].to(c.value.dtype)).double() ** 2).sum())
+            sq[l] += r["local"].double() ** 2 * f2
+            fsq[l] += f2
+    local = [(a / f) ** 0.5 for a, f in zip(sq, fsq)]
+    out_of_play = float("-inf")
+    pred = [torch.where(m, p, out_of_play) for m, p in zip(free, pred)]
+    local = [torch.where(m, v, out_of_play) for m, v in zip(free, local)]
+    n_free = int(sum(int(m.sum()) for m in free))
+    if log:
+        log(f"screened the {n_free} units {control} leaves gated ({time.perf_counter() - t0:.0f} s); "
+            f"its validation start {base:.4f}")
+    by_pred, by_local = _top(pred, top), _top(local, top)
+    rows = []
+    for l, j in dict.fromkeys(by_pred + by_local):
+        with mlps_replaced(bm, {l: partially_swapped(cl[l], [j])}):
+            start = validation_start(bm, data, eval_batch)
+        rows.append({"layer": l, "unit": j, "predicted": float(pred[l][j]), "local": float(local[l][j]),
+                     "rank_predicted": by_pred.index((l, j)) + 1 if (l, j) in by_pred else None,
+                     "rank_local": by_local.index((l, j)) + 1 if (l, j) in by_local else None,
+                     "start": start, "change": start - base})
+        if log:
+            log(f"layer {l}, unit {j}: exchanged as well, start {start:.4f} ({start - base:+.4f})")
+    rows.sort(key=lambda r: -r["change"])
+    if restore_top:
+        sm = copy.deepcopy(model)
+        sl = build_arm(sm, restore_in)
+        old = {"symmetric": "symmetric", "swapped": "swap"}[restore_in]
+        s_base = validation_start(sm, data, eval_batch)
+        dl = decoder_layers(sm)
+        for r in rows[:restore_top]:
+            with mlps_replaced(sm, {r["layer"]: UnitForm(dl[r["layer"]].mlp, gs[r["layer"]], [r["unit"]], old=old,
+                                                         new="gated")}):
+                r[f"{restore_in}_restore_fall"] = s_base - validation_start(sm, data, eval_batch)
+            if log:
+                log(f"layer {r['layer']}, unit {r['unit']}: gated again alone in {restore_in}, "
+                    f"fall {r[f'{restore_in}_restore_fall']:+.4f}")
+        del sl
+    return {"control": control, "base": base, "candidates": rows,
+            "selected": sorted((r["layer"], r["unit"]) for r in rows[:n_select]), "top": top, "n_select": n_select,
+            "n_units": n_free, "wall_s": time.perf_counter() - t0}
+
+
+def write_unit_search(grid, path, *, top: int = 12, n_select: int = 1, restore_in=None, next_to=None,
+                      command=None, log=None) -> Path:
     """:func:`unit_search` (or, with ``restore_in`` an arm, :func:`restore_search` in that
-    arm's model) on ``grid``'s model and validation windows, written with its provenance to
+    arm's model; with ``next_to`` a control, :func:`next_unit_search` in that control's
+    model) on ``grid``'s model and validation windows, written with its provenance to
     ``path`` (``{"meta", "search"}``)."""
     from ...runbase.provenance import IMPORT_GIT, machine, versions
 
     model, _, data = grid._base()
     c = grid.cfg
-    if restore_in is None:
+    if next_to is not None:
+        found = next_unit_search(model, data, next_to, top=top, n_select=n_select, eval_batch=c["eval_batch"], log=log)
+    elif restore_in is None:
         found = unit_search(model, data, top=top, n_select=n_select, eval_batch=c["eval_batch"], log=log)
     else:
         found = restore_search(model, data, base_arm=restore_in, top=top, n_select=n_select,
