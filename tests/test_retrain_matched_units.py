@@ -156,6 +156,24 @@ def test_a_control_with_named_units_is_the_plain_formula():
     assert (got - without).abs().max() > 1e-4                  # the named units matter
 
 
+def test_a_control_naming_only_drawn_units_is_the_plain_control():
+    hf = tiny_llama()
+    m = hf.config.intermediate_size
+    draw = [torch.randperm(m, generator=torch.Generator().manual_seed(i)).tolist() for i in range(3)]
+    inside, outside = draw[1][3], draw[1][-1]             # drawn at f = 0.5 (24 of 48), and not
+    assert core.drawn_units(0.5, 1, m) == sorted(draw[1][:24])
+    assert core.plain_equivalent(f"swapped-f0.500+L1U{inside}", m) == "swapped-f0.500"
+    assert core.plain_equivalent(f"swapped-f0.500+L1U{outside}", m) == f"swapped-f0.500+L1U{outside}"
+    ids = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(3))
+    outs = []
+    for arm in (f"swapped-f0.500+L1U{inside}", "swapped-f0.500", f"swapped-f0.500+L1U{outside}"):
+        model = copy.deepcopy(hf)
+        R.build_arm(model, arm)
+        with torch.no_grad():
+            outs.append(model(input_ids=ids, use_cache=False).logits)
+    assert torch.equal(outs[0], outs[1]) and not torch.allclose(outs[1], outs[2])
+
+
 # --- the unit search against an exhaustive search -------------------------------------------
 
 def _val_mean(model, data):

@@ -26,7 +26,7 @@ from ...experiments.train import lr_at
 from ..heldout import heldout_windows, window_losses
 from ..surgery import decoder_layers, gated_mlps, replace_mlps, variant
 
-__all__ = ["ARMS", "PARTIAL_SWAP", "partial_swap_arm", "arm_units", "partially_swapped", "build_arm", "set_trainable", "TextData", "token_ids", "draw_starts", "batch_at", "train_loss",
+__all__ = ["ARMS", "PARTIAL_SWAP", "partial_swap_arm", "arm_units", "drawn_units", "plain_equivalent", "partially_swapped", "build_arm", "set_trainable", "TextData", "token_ids", "draw_starts", "batch_at", "train_loss",
            "eval_points", "evaluate", "train_run", "Interrupted"]
 
 #: The arms, and the :func:`~qkmlp.pretrained.surgery.variant` each builds from a trained
@@ -81,6 +81,22 @@ def arm_units(arm: str) -> tuple[float, list[tuple[int, int]]]:
     if units != sorted(set(units)):
         raise ValueError(f"{arm!r}: the +L<layer>U<unit> terms must be distinct and in increasing order")
     return float(m.group(1)), units
+
+
+def drawn_units(fraction: float, layer_index: int, m: int) -> list[int]:
+    """The units of layer ``layer_index`` (of ``m``) that :func:`partially_swapped` exchanges
+    at ``fraction`` before any named unit: the first round(fraction·m) of its draw, sorted."""
+    perm = torch.randperm(m, generator=torch.Generator().manual_seed(int(layer_index)))
+    return sorted(perm[:round(fraction * m)].tolist())
+
+
+def plain_equivalent(arm: str, m: int) -> str:
+    """The plain control ``swapped-f0.xxx`` that computes the same function as ``arm`` when
+    every unit ``arm`` names lies in its fraction's draw (layers of ``m`` units; a named unit
+    already drawn is exchanged once), else ``arm`` itself."""
+    fraction, units = arm_units(arm)
+    plain = partial_swap_arm(fraction)
+    return plain if all(u in drawn_units(fraction, l, m) for l, u in units) else arm
 
 
 def _is_arm(arm: str) -> bool:
