@@ -505,14 +505,14 @@ def test_match_fraction_finds_the_start_of_a_target_arm():
     assert full > none + 0.01
     target = none + 0.4 * (full - none)
     got = match_fraction(model, data, target, eval_batch=2)
-    # recomputed independently: the start of the returned fraction, and the two neighbours
-    # of the final bracket lie on either side of the target
+    # recomputed independently: the start of the returned fraction; the bisection ended on
+    # two neighbouring thousandths either side of the target; the fraction returned is the
+    # closest to the target of every fraction evaluated (here the start is not monotone in
+    # f, and an earlier evaluation can beat the final bracket)
     f = got["fraction"]
     assert abs(start_loss(model, data, core.partial_swap_arm(f))["mean"] - got["start"]) < 1e-12
     evals = {e["fraction"]: e["start"] for e in got["evaluations"]}
-    below = max(k for k, v in evals.items() if v < target)
-    above = min(k for k, v in evals.items() if v >= target and k > below)
-    assert round(above - below, 3) == 0.001 and f in (below, above)
-    assert abs(got["start"] - target) <= max(abs(evals[below] - target), abs(evals[above] - target))
+    assert any(round(b - a, 3) == 0.001 and evals[a] < target <= evals[b] for a in evals for b in evals)
+    assert f == min(sorted(evals), key=lambda k: abs(evals[k] - target))
     with pytest.raises(ValueError, match="outside the starts"):
         match_fraction(model, data, full + 10.0)

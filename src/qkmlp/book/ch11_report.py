@@ -26,7 +26,7 @@ import numpy as np
 
 __all__ = ["load_retrain", "arms", "seeds", "texts", "run_of", "curve", "gap_curve", "closed_at", "original_loss",
            "window_gap", "gap_summary", "recovery_rows", "schedule_at", "shrink_per_full_rate", "is_matched_control", "matched_status",
-           "matched_control", "MATCHED_VERDICTS"]
+           "matched_control", "MATCHED_VERDICTS", "verdict_against_confounds", "NOT_RESOLVED_CONFOUNDS"]
 
 CONTROL = "gated"
 MATCHED_PREFIX = "swapped-f"
@@ -328,3 +328,27 @@ def matched_control(results: dict, matching: dict, declaration: dict) -> dict:
                       "seed_means": seed_means, "third_seed": len(signs) > 1}
     return {"cells": cells, "arms": out, "alpha": alpha, "margin": margin}
 
+
+
+#: The combined verdict when the matched controls of one arm disagree
+#: (``declared/retrain-matched-control-restored-unit.json``, "combination").
+NOT_RESOLVED_CONFOUNDS = "not resolved against its confounds"
+
+
+def verdict_against_confounds(results: dict, tests: list, arm: str = "symmetric") -> dict:
+    """``arm``'s verdict over several declared matched-control tests, each a
+    ``(matching, declaration)`` pair read by :func:`matched_control` (its own Holm family):
+    the verdict they all give where they agree, else :data:`NOT_RESOLVED_CONFOUNDS`.
+    Returns ``{"verdict", "by_control": {control: verdict}, "tests": [matched_control(...)[arm]]}``;
+    a test whose matching has no ``arm`` raises ``KeyError``."""
+    if not tests:
+        raise ValueError("tests must list at least one (matching, declaration) pair")
+    per = []
+    for matching, declaration in tests:
+        if arm not in matching.get("matches", {}):
+            raise KeyError(f"a matching has no control for {arm!r}; it matches {sorted(matching.get('matches', {}))}")
+        one = {"matches": {arm: matching["matches"][arm]}}
+        per.append(matched_control(results, one, declaration)["arms"][arm])
+    verdicts = {t["verdict"] for t in per}
+    return {"verdict": verdicts.pop() if len(verdicts) == 1 else NOT_RESOLVED_CONFOUNDS,
+            "by_control": {t["control"]: t["verdict"] for t in per}, "tests": per}

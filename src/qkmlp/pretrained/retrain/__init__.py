@@ -14,7 +14,11 @@ control, fine-tuned the same way.
   arm and seed), one committed JSON record per run,
   :func:`~qkmlp.pretrained.retrain.grid.assemble`;
 - :mod:`~qkmlp.pretrained.retrain.matching`: the matched controls (the fraction of
-  swapped units whose starting loss matches a symmetric arm's);
+  swapped units whose starting loss matches a symmetric arm's, the closest evaluated);
+- :mod:`~qkmlp.pretrained.retrain.unitsearch`: the units whose exchange moves the start
+  most (a screened, then exactly priced, forward-pass search);
+- :mod:`~qkmlp.pretrained.retrain.distance`: every arm's start on each text and the
+  per-layer change of its MLP outputs (distances beside the validation mean);
 - reading a stored grid (paired gaps to the control per seed) and its figures are the
   book's: :mod:`qkmlp.book.ch11_report` and :mod:`qkmlp.book.ch11_plots` (chapter 11);
 - ``python -m qkmlp.pretrained.retrain`` (``__main__``): the command.

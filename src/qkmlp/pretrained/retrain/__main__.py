@@ -6,7 +6,12 @@ results file (``--out``) is assembled from the records at the end, or at any tim
 ``--match ARM ...`` trains nothing either: it finds, on the validation texts, the fraction of
 swapped units whose control starts as far away as each symmetric arm and writes it to
 ``book/data/pretrained/retrain_matching.json`` (chapter 11's distance-matched controls, then
-run as ``--arms swapped-f0.xxx``).
+run as ``--arms swapped-f0.xxx``). ``--unit-search`` trains nothing: it finds the units whose
+exchange alone moves the validation start most (``retrain_unit_search.json``); ``--match ARM
+--units-from that file`` matches a control that exchanges them as well
+(``swapped-f0.xxx+L<layer>U<unit>``). ``--distances ARM ...`` trains nothing: every arm's start
+on each text and the per-layer change of its MLP outputs (``retrain_distances.json``).
+``--dry-run`` lists the jobs (stored or to run) and trains nothing.
 """
 from __future__ import annotations
 
@@ -69,6 +74,26 @@ def main(argv=None) -> int:
                    "units whose start matches each ARM's on the validation texts, write --matching")
     p.add_argument("--matching", type=Path, default=_BOOK / "retrain_matching.json",
                    help="where --match writes (default: %(default)s)")
+    p.add_argument("--units-from", type=Path, metavar="SEARCH", help="with --match: exchange, in every run of the "
+                   "control, the units selected by this --unit-search file")
+    p.add_argument("--refine", type=int, default=0, metavar="N", help="with --match: when the closest start is more "
+                   "than --refine-above nats from the target, also evaluate the N thousandths either side")
+    p.add_argument("--refine-above", type=float, default=0.05, help="see --refine (default: %(default)s nats)")
+    p.add_argument("--unit-search", action="store_true", help="train nothing: find the units whose exchange moves "
+                   "the validation start most, write --unit-search-out")
+    p.add_argument("--unit-search-out", type=Path, default=_BOOK / "retrain_unit_search.json",
+                   help="where --unit-search writes (default: %(default)s)")
+    p.add_argument("--restore-in", metavar="ARM", help="with --unit-search: search instead, in ARM's model "
+                   "(symmetric: sigma(ab)), for the units whose return to the gated form lowers its start most")
+    p.add_argument("--next-to", metavar="CONTROL", help="with --unit-search: search instead, in CONTROL's model "
+                   "(swapped-f0.xxx), for the units it leaves gated whose exchange as well moves its start most")
+    p.add_argument("--top", type=int, default=12, help="--unit-search: units of each screening ranking priced "
+                   "exactly (default: %(default)s)")
+    p.add_argument("--distances", nargs="+", metavar="ARM", help="train nothing: each ARM's start on every text "
+                   "and per-layer MLP output change, write --distances-out")
+    p.add_argument("--distances-out", type=Path, default=_BOOK / "retrain_distances.json",
+                   help="where --distances writes (default: %(default)s)")
+    p.add_argument("--dry-run", action="store_true", help="list this grid's jobs (stored or not) and train nothing")
     p.add_argument("--seeds", nargs="+", type=int, help="evaluation seeds (default: the config's)")
     p.add_argument("--part", type=_parse_part, default=(1, 1), help="k/n: this process's share of each phase")
     p.add_argument("--threads", type=int, help="torch.set_num_threads")
@@ -112,9 +137,32 @@ def main(argv=None) -> int:
     grid = smollm2_grid(cfg, records, checkpoints, args.part, not args.no_progress, log, device=args.device)
     log(f"threads {torch.get_num_threads()}, {cfg['dtype']} on {args.device or 'cpu'}, run key {grid.key}, "
         f"records in {records}")
+    if args.unit_search:
+        from .unitsearch import write_unit_search
+        log(f"wrote {write_unit_search(grid, args.unit_search_out, top=args.top, restore_in=args.restore_in, next_to=args.next_to, command=command, log=log)}")
+        return 0
     if args.match:
         from .matching import write_matching
-        log(f"wrote {write_matching(grid, args.match, args.matching, command=command, log=log)}")
+        units = ()
+        if args.units_from is not None:
+            import json
+            units = [tuple(u) for u in json.loads(args.units_from.read_text())["search"]["selected"]]
+            log(f"the control exchanges as well: {units} (from {args.units_from})")
+        log(f"wrote {write_matching(grid, args.match, args.matching, units=units, units_from=args.units_from, refine=args.refine, refine_above=args.refine_above, command=command, log=log)}")
+        return 0
+    if args.distances:
+        from .distance import write_distances
+        log(f"wrote {write_distances(grid, args.distances, args.distances_out, command=command, log=log)}")
+        return 0
+    if args.dry_run:
+        choice, _ = grid.tune(read_only=True)
+        jobs = grid.main_jobs(choice["lr"])
+        k, n = args.part
+        log(f"dry run: rate {choice['lr']:g} (tuned), part {k}/{n}, {len(jobs)} main jobs:")
+        for i, job in enumerate(jobs):
+            path = grid.path(*job)
+            state = "stored" if path.exists() else ("to run, this part" if i % n == k - 1 else "to run, another part")
+            log(f"  {path.name}: {state}")
         return 0
     if not args.assemble:
         grid.run()

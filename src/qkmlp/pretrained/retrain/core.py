@@ -26,7 +26,7 @@ from ...experiments.train import lr_at
 from ..heldout import heldout_windows, window_losses
 from ..surgery import decoder_layers, gated_mlps, replace_mlps, variant
 
-__all__ = ["ARMS", "PARTIAL_SWAP", "partial_swap_arm", "partially_swapped", "build_arm", "set_trainable", "TextData", "token_ids", "draw_starts", "batch_at", "train_loss",
+__all__ = ["ARMS", "PARTIAL_SWAP", "partial_swap_arm", "arm_units", "drawn_units", "plain_equivalent", "partially_swapped", "build_arm", "set_trainable", "TextData", "token_ids", "draw_starts", "batch_at", "train_loss",
            "eval_points", "evaluate", "train_run", "Interrupted"]
 
 #: The arms, and the :func:`~qkmlp.pretrained.surgery.variant` each builds from a trained
@@ -45,25 +45,75 @@ ARMS = {
 #: :func:`partially_swapped`, the same for every run). It is gated, breaks the exchange
 #: symmetry as the control does, and can represent the control exactly; f sets how far from
 #: the trained model it starts (chapter 11 matches it to a symmetric arm's starting loss).
-PARTIAL_SWAP = re.compile(r"^swapped-f(0\.\d{3})$")
+#: ``swapped-f0.812+L1U83`` exchanges, besides that fraction, unit 83 of layer 1 (any number
+#: of ``+L<layer>U<unit>`` terms, in increasing (layer, unit) order): the units a search
+#: found to move the start most (:mod:`~qkmlp.pretrained.retrain.unitsearch`).
+PARTIAL_SWAP = re.compile(r"^swapped-f(0\.\d{3})((?:\+L\d+U\d+)*)$")
+_UNIT = re.compile(r"\+L(\d+)U(\d+)")
 
 
-def partial_swap_arm(fraction: float) -> str:
-    """The arm name of the control swapped in a fraction ``fraction`` (three decimals, in (0, 1))."""
+def partial_swap_arm(fraction: float, units=()) -> str:
+    """The arm name of the control swapped in a fraction ``fraction`` (three decimals, in (0, 1))
+    of every layer's units, and also in ``units``, (layer, unit) pairs (sorted, distinct)."""
     name = f"swapped-f{fraction:.3f}"
     if not (0.0 < fraction < 1.0) or not PARTIAL_SWAP.match(name) or float(name[9:]) in (0.0, 1.0):
         raise ValueError(f"fraction must lie in (0, 1) at three decimals, got {fraction!r}")
-    return name
+    pairs = []
+    for u in units:
+        try:
+            layer, unit = (int(v) for v in u)
+        except (TypeError, ValueError):
+            raise ValueError(f"units must be (layer, unit) pairs of non-negative ints, got {u!r}") from None
+        if layer < 0 or unit < 0 or (layer, unit) != tuple(u):
+            raise ValueError(f"units must be (layer, unit) pairs of non-negative ints, got {u!r}")
+        pairs.append((layer, unit))
+    if len(set(pairs)) != len(pairs):
+        raise ValueError(f"units must be distinct, got {list(units)!r}")
+    return name + "".join(f"+L{l}U{u}" for l, u in sorted(pairs))
+
+
+def arm_units(arm: str) -> tuple[float, list[tuple[int, int]]]:
+    """``(fraction, [(layer, unit), ...])`` of a partially swapped control's name."""
+    m = PARTIAL_SWAP.match(arm) if isinstance(arm, str) else None
+    if m is None:
+        raise ValueError(f"not a partially swapped control: {arm!r}; expected swapped-f0.xxx[+L<layer>U<unit>...]")
+    units = [(int(a), int(b)) for a, b in _UNIT.findall(m.group(2))]
+    if units != sorted(set(units)):
+        raise ValueError(f"{arm!r}: the +L<layer>U<unit> terms must be distinct and in increasing order")
+    return float(m.group(1)), units
+
+
+def drawn_units(fraction: float, layer_index: int, m: int) -> list[int]:
+    """The units of layer ``layer_index`` (of ``m``) that :func:`partially_swapped` exchanges
+    at ``fraction`` before any named unit: the first round(fraction·m) of its draw, sorted."""
+    perm = torch.randperm(m, generator=torch.Generator().manual_seed(int(layer_index)))
+    return sorted(perm[:round(fraction * m)].tolist())
+
+
+def plain_equivalent(arm: str, m: int) -> str:
+    """The plain control ``swapped-f0.xxx`` that computes the same function as ``arm`` when
+    every unit ``arm`` names lies in its fraction's draw (layers of ``m`` units; a named unit
+    already drawn is exchanged once), else ``arm`` itself."""
+    fraction, units = arm_units(arm)
+    plain = partial_swap_arm(fraction)
+    return plain if all(u in drawn_units(fraction, l, m) for l, u in units) else arm
 
 
 def _is_arm(arm: str) -> bool:
-    return arm in ARMS or (isinstance(arm, str) and PARTIAL_SWAP.match(arm) is not None)
+    if arm in ARMS:
+        return True
+    try:
+        arm_units(arm)
+    except ValueError:
+        return False
+    return True
 
 
 @torch.no_grad()
-def partially_swapped(g, fraction: float, layer_index: int):
+def partially_swapped(g, fraction: float, layer_index: int, extra=()):
     """A copy of the rank-1 :class:`~qkmlp.GatedMLP` ``g`` with the query and key rows of
-    round(fraction·m) hidden units exchanged (σ(b)·a in those units, σ(a)·b in the rest).
+    round(fraction·m) hidden units exchanged (σ(b)·a in those units, σ(a)·b in the rest),
+    and also of the units listed in ``extra`` (indices in [0, m); swapped once if drawn too).
 
     The units are the first round(fraction·m) of a random permutation of the m units drawn
     from a generator seeded with ``layer_index``: fixed for a layer, and nested in the
@@ -74,7 +124,11 @@ def partially_swapped(g, fraction: float, layer_index: int):
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"fraction must lie in [0, 1], got {fraction!r}")
     m = g.d_hidden
-    units = torch.randperm(m, generator=torch.Generator().manual_seed(int(layer_index)))[:round(fraction * m)]
+    extra = [int(u) for u in extra]
+    if any(not 0 <= u < m for u in extra):
+        raise IndexError(f"layer {layer_index}: extra units must lie in [0, {m}), got {extra}")
+    drawn = torch.randperm(m, generator=torch.Generator().manual_seed(int(layer_index)))[:round(fraction * m)]
+    units = torch.tensor(sorted(set(drawn.tolist()) | set(extra)), dtype=torch.long)
     new = copy.deepcopy(g)
     q, k = new.query_weight, new.key_weight
     q_sel, k_sel = q[units].clone(), k[units].clone()
@@ -91,9 +145,13 @@ def build_arm(model, arm: str) -> list[nn.Module]:
     weights, make those layers' weights trainable, and return them (in layer order)."""
     if not _is_arm(arm):
         raise ValueError(f"unknown arm {arm!r}; expected one of {', '.join(ARMS)}, or swapped-f0.xxx "
-                         "(the control swapped in a fraction of its units)")
-    if (m := PARTIAL_SWAP.match(arm)) is not None:
-        layers = [partially_swapped(g, float(m.group(1)), i) for i, g in enumerate(gated_mlps(model))]
+                         "(the control swapped in a fraction of its units), optionally +L<layer>U<unit>...")
+    if arm not in ARMS:
+        fraction, units = arm_units(arm)
+        gs = gated_mlps(model)
+        if any(l >= len(gs) for l, _ in units):
+            raise IndexError(f"arm {arm!r} names a layer beyond the model's {len(gs)}")
+        layers = [partially_swapped(g, fraction, i, [u for l, u in units if l == i]) for i, g in enumerate(gs)]
     else:
         layers = [variant(g, ARMS[arm]) for g in gated_mlps(model)]
     replace_mlps(model, dict(enumerate(layers)))
