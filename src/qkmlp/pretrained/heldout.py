@@ -85,7 +85,7 @@ def nll_from_hidden(model, hidden: torch.Tensor, ids: torch.Tensor, *, grad: boo
 @torch.no_grad()
 def window_losses(model, ids: torch.Tensor, *, batch_size: int = 4) -> torch.Tensor:
     """Mean next-token NLL (nats) of each window: (n, L) ids -> (n,) float64."""
-    _check_ids(ids)
+    check_ids(ids)
     out = []
     for chunk in ids.to(input_device(model)).split(batch_size):
         hidden = model.model(input_ids=chunk, use_cache=False).last_hidden_state
@@ -99,7 +99,7 @@ def input_device(model) -> torch.device:
     return model.get_input_embeddings().weight.device
 
 
-def _check_ids(ids) -> None:
+def check_ids(ids) -> None:
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype != torch.long:
         raise ValueError(f"ids must be an int64 tensor of shape (n_windows, length), got "
                          f"{getattr(ids, 'dtype', type(ids).__name__)} {tuple(getattr(ids, 'shape', ()))}")
@@ -114,7 +114,7 @@ def layer_inputs(model, ids: torch.Tensor, *, mlp_inputs: bool = False):
     ``mlp_inputs=True``, ``mlp_in[l]`` what layer l's MLP receives (after its norm),
     else ``None``.
     """
-    _check_ids(ids)
+    check_ids(ids)
     layers = decoder_layers(model)
     inputs: list = [None] * len(layers)
     mlp_in: list = [None] * len(layers)
@@ -159,7 +159,7 @@ def tail_losses(model, start_input: torch.Tensor, start: int, ids: torch.Tensor)
     ``start`` changed: a change in layer ``start`` or later then costs only the layers
     from ``start`` on (about half a forward pass on average).
     """
-    _check_ids(ids)
+    check_ids(ids)
     n = len(decoder_layers(model))
     if not 0 <= start < n:
         raise IndexError(f"start must be in [0, {n}), got {start}")

@@ -29,10 +29,10 @@ __all__ = ["mlp_outputs", "arm_distance", "distances", "write_distances"]
 def mlp_outputs(model, ids: torch.Tensor, *, batch_size: int = 8) -> tuple[list, list, torch.Tensor]:
     """``(inputs, outputs, losses)``: what each decoder layer's MLP receives and returns on
     the windows ``ids`` (lists over layers of (n, L, d) tensors) and each window's mean NLL (n,)."""
-    from ..heldout import _check_ids, nll_from_hidden
+    from ..heldout import check_ids, nll_from_hidden
     from ..surgery import decoder_layers
 
-    _check_ids(ids)
+    check_ids(ids)
     layers = decoder_layers(model)
     ins = [[] for _ in layers]
     outs = [[] for _ in layers]
