@@ -35,7 +35,7 @@ def interval(ci: Sequence[float], digits: int, scale: float = 1.0) -> str:
 
 
 def breakable(text: str) -> str:
-    """``text`` with soft hyphens in the long words of :data:`HYPHENS` (invisible unless a
+    """``text`` with soft hyphens in the long words of ``HYPHENS`` (invisible unless a
     narrow column breaks the word there)."""
     for word, parts in HYPHENS.items():
         for w, p in ((word, parts), (word.capitalize(), parts.capitalize())):

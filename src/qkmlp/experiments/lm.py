@@ -127,7 +127,7 @@ def lm_data(source: str, ctx: int):
     """(train stream (N,) long, validation windows (n, ctx+1), test windows (n, ctx+1)).
 
     ``source``: ``"cache"`` (Shakespeare's plays), ``"excerpt"`` (the committed excerpt of
-    them) or ``"python_stdlib"`` (the pinned standard-library source, :mod:`.pysource`).
+    them) or ``"python_stdlib"`` (the pinned standard-library source, :mod:`qkmlp.experiments.pysource`).
     The training stream is the training plays (or files) joined by blank lines, in name
     order; validation and test windows are cut from each play (file) separately (no window
     spans two). Cached per process.

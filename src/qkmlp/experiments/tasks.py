@@ -29,7 +29,7 @@ Tasks (all data generated, bundled or fetched at install time; no downloads at r
   Only the feed-forward block changes between families. Minibatch AdamW with weight decay
   0.1, which gives the cross-entropy a floor once the table is stored.
 - ``lm``: a character-level transformer language model on Shakespeare's plays
-  (:mod:`.lm`, :mod:`.corpus`), or on Python's standard-library source (:mod:`.pysource`).
+  (:mod:`.lm`, :mod:`.corpus`), or on Python's standard-library source (:mod:`qkmlp.experiments.pysource`).
 """
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ TEST_SPLIT_SEED = 20261201
 def split3(n: int, fracs, seed: int):
     """A partition of range(n) into train / validation / test index tensors.
 
-    The test indices are the same for every ``seed`` (drawn with :data:`TEST_SPLIT_SEED`);
+    The test indices are the same for every ``seed`` (drawn with ``TEST_SPLIT_SEED``);
     ``seed`` splits the rest into training and validation.
     """
     n_va, n_te = int(round(fracs[1] * n)), int(round(fracs[2] * n))
