@@ -5,7 +5,7 @@ whether a result holds on other data, the same model is trained on a text of ano
 kind that every Python install carries, so nothing is downloaded: the source of the
 standard library of the Python that runs this code (``sysconfig.get_paths()["stdlib"]``).
 
-**The files** (:data:`MANIFEST`, ``python_stdlib_corpus.json`` beside this module): every
+**The files** (``MANIFEST``, ``python_stdlib_corpus.json`` beside this module): every
 top-level module ``Lib/<name>.py`` of CPython 3.11 whose characters all lie in the
 project's 96-symbol vocabulary (newline and printable ASCII: no tab, no carriage return,
 no non-ASCII character), and the same for the modules of the ``asyncio`` package, which
