@@ -129,6 +129,27 @@ def test_rank_one_eigenvalues_match_eigvalsh():
     assert L.inertia(torch.outer(q, -q)) == (0, 1, 7)
 
 
+@pytest.mark.parametrize("d", [1, 2, 3, 7])
+def test_rank_one_eigenvalues_are_the_spectrum_with_d_minus_2_zeros(d):
+    """Against torch.linalg.eigvalsh of the plain d×d matrix ½(qᵀk + kᵀq): for d ≥ 2 the
+    spectrum is [λ₋, 0 (d − 2 times), λ₊]; at d = 1 it is the single value λ₊ + λ₋ = q·k."""
+    q, k = _rand(5, d, seed=20 + d), _rand(5, d, seed=40 + d)
+    k[0] = -2.0 * q[0]                                   # one parallel pair, q·k < 0
+    pred = L.rank_one_eigenvalues(q, k)
+    assert pred.shape == (5, 2)
+    for i in range(5):
+        plain = (torch.outer(q[i], k[i]) + torch.outer(k[i], q[i])) / 2
+        lam = torch.linalg.eigvalsh(plain)
+        if d == 1:
+            assert torch.isclose(lam[0], q[i, 0] * k[i, 0])
+            assert torch.isclose(pred[i].sum(), lam[0])
+            nonzero, zero = (pred[i, 0], pred[i, 1]) if lam[0] > 0 else (pred[i, 1], pred[i, 0])
+            assert torch.isclose(nonzero, lam[0]) and zero == 0
+        else:
+            want = torch.cat([pred[i, 1:], torch.zeros(d - 2, dtype=F64), pred[i, :1]])
+            assert torch.allclose(lam, want, atol=1e-12)
+
+
 @pytest.mark.parametrize("c", [2.5, -0.4])
 def test_rank_one_eigenvalues_parallel_case(c):
     q = _rand(6, seed=14)

@@ -149,8 +149,11 @@ def factor_rank(A: torch.Tensor, *, tol: Optional[float] = None) -> int:
 def rank_one_eigenvalues(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """The two possibly non-zero eigenvalues of sym(qᵀk): ½(q·k + ‖q‖‖k‖) ≥ 0 ≥ ½(q·k − ‖q‖‖k‖).
 
-    q, k: (..., d) -> (..., 2), ordered [λ₊, λ₋]. The other d − 2 eigenvalues are 0. For
-    parallel q, k (k = cq) one of the two is 0 as well and the other is q·k.
+    q, k: (..., d) -> (..., 2), ordered [λ₊, λ₋], at every d ≥ 1. For d ≥ 2 the d
+    eigenvalues of sym(qᵀk) are λ₊, λ₋ and d − 2 zeros. For parallel q, k (k = cq) one of
+    the two is 0 and the other is q·k. At d = 1, q and k are always parallel and
+    sym(qᵀk) = [q·k] has the single eigenvalue q·k = λ₊ + λ₋: it is λ₊ when q·k > 0 and
+    λ₋ when q·k < 0, and the other value returned, 0, is then not an eigenvalue.
     """
     if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
         raise TypeError("q and k must be torch.Tensors of shape (..., d)")
