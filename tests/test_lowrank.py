@@ -221,3 +221,21 @@ def test_bad_input_raises_clear_errors():
         L.rank_one_eigenvalues(_rand(3), _rand(4))
     with pytest.raises(ValueError, match="steps"):
         L.fit_factors(A, 1, steps=0)
+
+
+def test_batched_functions_equal_the_loop_in_the_input_dtype():
+    """What the module docstring promises: a batch (..., d, d) gives, matrix by matrix, what
+    one matrix gives, in the input's dtype; inertia takes one matrix only."""
+    A = _rand(2, 3, 5, 5, seed=31).to(torch.float32)
+    one = lambda f, *a: torch.stack([torch.stack([f(*(t[i, j] for t in a)) for j in range(3)]) for i in range(2)])
+    q, k = L.eig_factors(A, 2)
+    for f, args in ((L.symmetric_part, (A,)), (lambda a: L.eckart_young_error(a, 2), (A,)),
+                    (lambda a: L.balanced_error(a, 2), (A,)), (lambda a: L.eig_factors(a, 2)[0], (A,)),
+                    (lambda a: L.balanced_factors(a, 2)[1], (A,)), (L.symmetric_error, (A, q, k)),
+                    (L.factors_to_matrix, (q, k)), (lambda a: L.identity_factors(a)[1], (A,)),
+                    (L.rank_one_eigenvalues, (q[..., 0, :], k[..., 0, :]))):
+        batched = f(*args)
+        assert batched.dtype == torch.float32
+        torch.testing.assert_close(batched, one(f, *args), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="one \\(d, d\\) matrix"):
+        L.inertia(A)

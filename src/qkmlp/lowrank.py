@@ -15,8 +15,10 @@ Two ways to turn S into r factors (chapter "Rank r" of the book):
   factors keep up to 2r eigenpairs (r of each sign), which is the best any r factors can
   do (:func:`balanced_error`).
 
-Every function accepts a batch of matrices (..., d, d), computes in float64 and returns
-the input's dtype.
+The functions of matrices and factors accept a batch (..., d, d), compute in float64 and
+return the input's dtype; :func:`inertia` and :func:`factor_rank` take one (d, d) matrix
+and return integers, :func:`with_spectrum` builds one float64 matrix, and
+:func:`truncated_layer` and :func:`exact_layer` take a layer.
 """
 from __future__ import annotations
 
