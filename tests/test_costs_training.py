@@ -82,3 +82,15 @@ def test_fit_rejects_bad_arguments():
         fit(layer, x, x[:5])
     with pytest.raises(ValueError, match="steps"):
         fit(layer, x, x, steps=0)
+
+
+def test_the_symmetrized_layer_has_a_parameter_count_and_no_flop_count():
+    """As costs' docstring says: parameters of any module (q, k, v: 3·m·d here), FLOPs only
+    for LAYER_TYPES."""
+    from qkmlp import SymmetrizedGatedMLP
+    from qkmlp.costs import flops_per_token, parameter_count
+
+    layer = SymmetrizedGatedMLP(8, 4, device="meta")
+    assert parameter_count(layer) == 3 * 4 * 8
+    with pytest.raises(TypeError, match="flops_per_token is defined for KeyValueMLP"):
+        flops_per_token(layer)
