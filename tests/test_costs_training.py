@@ -94,3 +94,17 @@ def test_the_symmetrized_layer_has_a_parameter_count_and_no_flop_count():
     assert parameter_count(layer) == 3 * 4 * 8
     with pytest.raises(TypeError, match="flops_per_token is defined for KeyValueMLP"):
         flops_per_token(layer)
+
+
+def test_parameter_count_counts_a_tied_parameter_once_and_two_views_twice():
+    import torch
+    from torch import nn
+    from qkmlp.costs import parameter_count
+
+    a, b = nn.Linear(3, 4, bias=False), nn.Linear(3, 4, bias=False)
+    b.weight = a.weight                                   # tied: one Parameter
+    assert parameter_count(nn.Sequential(a, b)) == 12
+    c = nn.Linear(3, 4, bias=False)
+    c.weight = nn.Parameter(a.weight.data)                # another Parameter over the same storage
+    assert c.weight.data_ptr() == a.weight.data_ptr()
+    assert parameter_count(nn.Sequential(a, c)) == 24

@@ -30,7 +30,8 @@ def require_layer(layer) -> None:
 
 
 def parameter_count(layer: nn.Module) -> int:
-    """Number of scalar parameters (shared storage counted once)."""
+    """Number of scalar parameters; a Parameter shared between submodules (tied weights) is
+    counted once. Sharing is by Parameter object: two Parameters viewing one storage count twice."""
     seen, total = set(), 0
     for p in layer.parameters():
         if id(p) not in seen:
