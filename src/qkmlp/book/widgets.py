@@ -227,7 +227,7 @@ class SymmetryExplorer:
                 ax.set_title(" ", pad=3)
                 by = y + _PLANE_SQUARE_PX + _PLANE_CBAR_GAP_PX
                 cax = fig.add_axes(box(x, by, _PLANE_SQUARE_PX, _PLANE_CBAR_PX))
-                bar = cax.imshow(np.linspace(-1, 1, 2 * 31 + 1)[None, :], cmap=PLANE_CMAP, vmin=-1,
+                bar = cax.imshow(np.linspace(-1, 1, 256)[None, :], cmap=PLANE_CMAP, vmin=-1,
                                  vmax=1, aspect="auto", interpolation="nearest")
                 cax.set_xticks([])
                 cax.set_yticks([])
