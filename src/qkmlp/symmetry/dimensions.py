@@ -325,11 +325,12 @@ def _kind(act) -> str:
         return "linear"
     if ACTIVATIONS.get(act.name) is not act:
         raise ValueError(
-            f"the symmetry counts are theorems only for the library's named activations "
-            f"({', '.join(ACTIVATIONS)}) and for linear σ; {act.name!r} is a plain callable, whose "
-            "class (homogeneous non-polynomial or strictly non-homogeneous, chapter 7) is not "
-            "known. Outside those classes the counts differ: σ(z) = z·log|z| or z + z² give "
-            "KeyValueMLP more symmetry directions. Measure it with symmetry_dimension instead."
+            f"the symmetry counts are predicted only for the library's named activations "
+            f"({', '.join(ACTIVATIONS)}) and for declared-linear σ; {act.name!r} is a plain callable, "
+            "whose class (homogeneous non-polynomial or strictly non-homogeneous, chapter 7) is not "
+            "known. Outside those classes no count is claimed, and a count can change or not: "
+            "σ(z) = z·log|z| gives KeyValueMLP(2, 3, 1) one direction where SiLU gives 0, but "
+            "KeyValueMLP(3, 2, 2) none, as SiLU does. Measure it with symmetry_dimension instead."
         )
     if act.homogeneity_degree is not None:
         return "homogeneous"
