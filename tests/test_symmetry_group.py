@@ -165,6 +165,21 @@ def test_dead_relu_slot_is_a_boundary_case():
         predicted_symmetry_dimension(layer)
 
 
+def test_one_positive_definite_relu_slot_can_keep_the_generic_count():
+    # A positive definite S_j makes a ReLU slot linear; alone among indefinite slots it mixes
+    # with none, and the count here stays m·d(d−1)/2 + m = 12 (so "can be larger", not "is").
+    d, m, d_out = 3, 3, 2
+    torch.manual_seed(0)
+    layer = BilinearAttentionMLP(d, m, d_out, activation="relu", dtype=torch.float64)
+    assert not _definite_slots(layer)
+    generic = symmetry_dimension(layer)
+    assert generic == m * d * (d - 1) // 2 + m
+    with torch.no_grad():
+        layer.interaction[0] = torch.eye(d, dtype=torch.float64) + 0.1 * torch.randn(d, d, dtype=torch.float64)
+    assert _definite_slots(layer) == [0]
+    assert symmetry_dimension(layer) == generic
+
+
 def _definite_slots(layer):
     A = (layer.interaction if hasattr(layer, "interaction") else layer.interactions()).detach().double()
     ev = torch.linalg.eigvalsh((A + A.transpose(1, 2)) / 2)

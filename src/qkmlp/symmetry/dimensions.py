@@ -356,7 +356,7 @@ def _require_indefinite(layer: nn.Module) -> None:
         raise ValueError(
             f"{type(layer).__name__}: S_j = sym(A_j) is not indefinite for slot(s) {bad[:10]}; "
             "the count is proven only when every S_j is indefinite (a definite S_j makes a ReLU "
-            "slot dead or linear and the count larger). Measure it with symmetry_dimension, or "
+            "slot dead or linear, and the count can then be larger). Measure it with symmetry_dimension, or "
             "pass check_weights=False for the count at generic weights with indefinite S_j."
         )
 
@@ -388,11 +388,11 @@ def symmetry_breakdown(layer: nn.Module, *, check_weights: bool = True) -> dict[
       count.
     - BilinearAttentionMLP: m·d(d−1)/2 (antisymmetric part of A_j), plus m for homogeneous
       σ, or for linear σ the fiber of (S, V) ↦ Σ_j S_j ⊗ v_j (m² when m ≤ min(D, d_out)).
-      (S_j = sym(A_j).) ReLU-type σ needs every S_j indefinite (else the unit is dead or
-      linear).
+      (S_j = sym(A_j).) A non-linear σ needs every S_j indefinite (checked; for ReLU-type σ a
+      definite S_j makes the unit dead or linear).
     - SymmetricBilinearMLP: m·(2rd − dim of symmetric rank-min(2r, d) matrices), which is
       m·r(2r−1) (the group O(r, r)) when 2r ≤ d; plus m for non-linear homogeneous σ
-      (needs every S_j indefinite, automatic for r < d; for r ≥ d a definite S_j makes a
+      (needs every S_j indefinite, automatic for r < d at generic weights; for r ≥ d a definite S_j makes a
       ReLU slot dead or linear and the count larger); for
       linear σ plus the mixing of the S_j: when 2r ≥ d the full Σ_j S_j ⊗ v_j fiber; when
       2r < d and m ≤ min(d_out, D), m + m·max(0, m − 1 − k(k+1)/2) with k = d − 2r (the
