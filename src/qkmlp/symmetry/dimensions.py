@@ -132,8 +132,9 @@ def measure_symmetry(
     **How many inputs.** With ``n_inputs`` given, exactly that many. By default:
 
     - a smooth σ (every named activation but relu, leaky_relu and relu2, and a declared-linear
-      one): 2·n_params + 20 inputs (the layer is analytic in x, and the sampled outputs see
-      every direction the function can move in);
+      one): 2·n_params + 20 inputs (the layer is analytic in x: while the rank over the inputs
+      so far is below its value over all inputs, one more random input raises it almost surely,
+      so n_params inputs reach it in exact arithmetic; chapter 7 measures the margin);
     - a piecewise σ (relu, leaky_relu, relu2, and any plain callable, whose kinks are not
       known): the layer is a different polynomial on each cell cut out by the kinks σ's
       inputs cross at 0, and a direction seen on one narrow cell only is missed by random
