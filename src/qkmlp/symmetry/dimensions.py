@@ -394,7 +394,7 @@ def symmetry_breakdown(layer: nn.Module, *, check_weights: bool = True) -> dict[
     - SymmetricBilinearMLP: m·(2rd − dim of symmetric rank-min(2r, d) matrices), which is
       m·r(2r−1) (the group O(r, r)) when 2r ≤ d; plus m for non-linear homogeneous σ
       (needs every S_j indefinite, automatic for r < d at generic weights; for r ≥ d a definite S_j makes a
-      ReLU slot dead or linear and the count larger); for
+      ReLU slot dead or linear, and the count can then be larger); for
       linear σ plus the mixing of the S_j: when 2r ≥ d the full Σ_j S_j ⊗ v_j fiber; when
       2r < d and m ≤ min(d_out, D), m + m·max(0, m − 1 − k(k+1)/2) with k = d − 2r (the
       combinations of the other S_i that vanish on ker S_j); else no closed form here
