@@ -173,8 +173,7 @@ KNOWN_PRIVATE_IMPORTS = {
     ("qkmlp.bench", "_git_commit"), ("qkmlp.bench.roofline", "_loadavg"), ("qkmlp.bench.suites", "_loadavg"),
     ("qkmlp.bench.roofline", "_floor_gemms"), ("qkmlp.bench.suites", "_floor_gemms"),
     ("qkmlp.bench.suites", "_liger_swiglu"), ("qkmlp.experiments.width", "_hardware"),
-    ("qkmlp.experiments.width", "_versions"), ("qkmlp.book.static_explorer", "_check_form"),
-    ("qkmlp.book.static_explorer", "_grid"), ("qkmlp.pretrained.retrain.grid", "_is_arm"),
+    ("qkmlp.experiments.width", "_versions"), ("qkmlp.pretrained.retrain.grid", "_is_arm"),
     ("qkmlp.pretrained.runner", "_declared_activation"),
 }
 
