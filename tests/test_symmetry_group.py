@@ -4,6 +4,7 @@ import itertools
 import pytest
 import torch
 
+from conftest import LAYERS
 from qkmlp import (
     BilinearAttentionMLP,
     GatedMLP,
@@ -262,7 +263,7 @@ def test_breakdown_names_the_parts():
 def test_slot_permutation_is_a_symmetry_of_every_layer():
     x = torch.randn(16, 4)
     perm = [2, 0, 1]
-    for cls in (KeyValueMLP, StaticQueryMLP, BilinearAttentionMLP, SymmetricBilinearMLP, GatedMLP):
+    for cls in LAYERS:
         layer = _layer(cls, "silu", 4, 3, 2)
         assert relative_change(layer, slot_permuted(layer, perm), x) < 1e-6
     with pytest.raises(ValueError, match="permutation"):
@@ -271,7 +272,7 @@ def test_slot_permutation_is_a_symmetry_of_every_layer():
 
 def test_odd_sign_flip_needs_odd_sigma():
     x = torch.randn(16, 4)
-    for cls in (KeyValueMLP, BilinearAttentionMLP, SymmetricBilinearMLP, GatedMLP):
+    for cls in LAYERS:
         assert relative_change(_layer(cls, "tanh", 4, 3, 2), odd_sign_flip(_layer(cls, "tanh", 4, 3, 2), 1), x) < 1e-6
         assert relative_change(_layer(cls, "silu", 4, 3, 2), odd_sign_flip(_layer(cls, "silu", 4, 3, 2), 1), x) > 1e-2
     with pytest.raises(ValueError, match="slot"):
