@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from qkmlp import get_activation
-from qkmlp.book.ch07_symmetry_group import (asymptotes, cone_points, cones_separated, orr_component,
-                                             split_form)
+from qkmlp.book.ch07_symmetry_group import (asymptotes, cone_points, cones_separated,
+                                             eigen_cone_point, orr_component, split_form)
 
 F64 = torch.float64
 
@@ -43,6 +43,33 @@ def test_definite_or_repeated_slots_are_not_separated():
     pts = cone_points(repeated)
     assert pts[0] is None and pts[2] is None and pts[1] is not None
     assert not cones_separated(repeated)
+
+
+def test_eigen_cone_point_on_a_hand_made_form_and_on_random_ones():
+    # diag(2, -8): lambda = 2 at e1, mu = -8 at e2, so x0 = (sqrt 8, sqrt 2) up to the signs
+    # of the eigenvectors; x0 S x0^T = 2*8 - 8*2 = 0 and x0 S = (2 sqrt 8, -8 sqrt 2)
+    x0 = eigen_cone_point(torch.diag(torch.tensor([2.0, -8.0], dtype=F64)))
+    assert torch.allclose(x0.abs(), torch.tensor([8.0, 2.0], dtype=F64).sqrt())
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(20):
+        S = _sym(torch.randn(5, 5, generator=gen, dtype=F64))
+        ev = torch.linalg.eigvalsh(S)
+        if not (ev[0] < 0 < ev[-1]):
+            continue
+        x = eigen_cone_point(S)
+        assert abs(float(x @ S @ x)) < 1e-12 * float(x @ x) * float(ev.abs().max())
+        assert float((x @ S).norm()) > 1e-3 * float(x.norm()) * float(ev.abs().max())
+
+
+def test_eigen_cone_point_refuses_a_semidefinite_form_and_bad_shapes():
+    with pytest.raises(ValueError, match="indefinite"):
+        eigen_cone_point(torch.diag(torch.tensor([1.0, 0.0, 2.0], dtype=F64)))
+    with pytest.raises(ValueError, match="indefinite"):
+        eigen_cone_point(-torch.eye(3, dtype=F64))
+    with pytest.raises(ValueError, match="one d × d"):
+        eigen_cone_point(torch.eye(3, dtype=F64)[None])
+    with pytest.raises(ValueError, match="symmetric"):
+        eigen_cone_point(torch.tensor([[1.0, 2.0], [0.0, -1.0]], dtype=F64))
 
 
 def test_cone_points_rejects_bad_input():

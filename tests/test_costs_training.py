@@ -83,3 +83,29 @@ def test_fit_rejects_bad_arguments():
         fit(layer, x, x[:5])
     with pytest.raises(ValueError, match="steps"):
         fit(layer, x, x, steps=0)
+
+
+def test_the_symmetrized_layer_has_a_parameter_count_and_no_flop_count():
+    """As costs' docstring says: parameters of any module (q, k, v: 3·m·d here), FLOPs only
+    for LAYER_TYPES."""
+    from qkmlp import SymmetrizedGatedMLP
+    from qkmlp.costs import flops_per_token, parameter_count
+
+    layer = SymmetrizedGatedMLP(8, 4, device="meta")
+    assert parameter_count(layer) == 3 * 4 * 8
+    with pytest.raises(TypeError, match="flops_per_token is defined for KeyValueMLP"):
+        flops_per_token(layer)
+
+
+def test_parameter_count_counts_a_tied_parameter_once_and_two_views_twice():
+    import torch
+    from torch import nn
+    from qkmlp.costs import parameter_count
+
+    a, b = nn.Linear(3, 4, bias=False), nn.Linear(3, 4, bias=False)
+    b.weight = a.weight                                   # tied: one Parameter
+    assert parameter_count(nn.Sequential(a, b)) == 12
+    c = nn.Linear(3, 4, bias=False)
+    c.weight = nn.Parameter(a.weight.data)                # another Parameter over the same storage
+    assert c.weight.data_ptr() == a.weight.data_ptr()
+    assert parameter_count(nn.Sequential(a, c)) == 24

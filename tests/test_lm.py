@@ -186,6 +186,35 @@ def test_lr_drops_lower_the_rate_on_a_plateau_then_stop_on_the_next():
               patience=1, seed=0, lr_drops=-1)
 
 
+@pytest.mark.parametrize("schedule", ["constant", "cosine"])
+def test_a_run_that_stops_early_is_the_same_under_a_larger_budget_only_at_a_constant_rate(schedule):
+    """train's docstring: the drops never read max_steps, so with the constant schedule a
+    run that stops on a plateau is the same under any larger budget; the cosine schedule
+    reads max_steps at every step. The linear loss makes each step move the weight by the
+    rate itself, so the weights read the rates back."""
+    def one(max_steps):
+        model = torch.nn.Linear(1, 1, bias=False)
+        torch.nn.init.zeros_(model.weight)
+        scripted = iter([5.0, 4.0, 3.0, 3.5, 3.6, 3.7, 2.0, 2.5, 2.6, 2.7, 0.0])
+        weights = []
+
+        def batch(step, gen):
+            weights.append(float(model.weight.detach()))
+            return ()
+
+        rec = train(model, batch, lambda m, b: m.weight.sum(), lambda m: next(scripted), lr=0.01,
+                    max_steps=max_steps, eval_every=2, patience=3, seed=0, lr_drops=1,
+                    drop_factor=0.25, schedule=schedule)
+        return rec, weights
+
+    (small, w_small), (large, w_large) = one(100), one(1000)
+    assert small["stopped"] == large["stopped"] == "plateau" and small["steps"] == large["steps"] == 18
+    if schedule == "constant":
+        assert w_small == w_large and small["lr_drop_steps"] == large["lr_drop_steps"] == [10]
+    else:
+        assert abs(w_small[-1] - w_large[-1]) > 1e-4       # another run
+
+
 def test_training_rejects_bad_settings():
     model = torch.nn.Linear(2, 1)
     args = (lambda s, g: None, lambda m, b: None, lambda m: 0.0)

@@ -129,6 +129,27 @@ def test_rank_one_eigenvalues_match_eigvalsh():
     assert L.inertia(torch.outer(q, -q)) == (0, 1, 7)
 
 
+@pytest.mark.parametrize("d", [1, 2, 3, 7])
+def test_rank_one_eigenvalues_are_the_spectrum_with_d_minus_2_zeros(d):
+    """Against torch.linalg.eigvalsh of the plain d×d matrix ½(qᵀk + kᵀq): for d ≥ 2 the
+    spectrum is [λ₋, 0 (d − 2 times), λ₊]; at d = 1 it is the single value λ₊ + λ₋ = q·k."""
+    q, k = _rand(5, d, seed=20 + d), _rand(5, d, seed=40 + d)
+    k[0] = -2.0 * q[0]                                   # one parallel pair, q·k < 0
+    pred = L.rank_one_eigenvalues(q, k)
+    assert pred.shape == (5, 2)
+    for i in range(5):
+        plain = (torch.outer(q[i], k[i]) + torch.outer(k[i], q[i])) / 2
+        lam = torch.linalg.eigvalsh(plain)
+        if d == 1:
+            assert torch.isclose(lam[0], q[i, 0] * k[i, 0])
+            assert torch.isclose(pred[i].sum(), lam[0])
+            nonzero, zero = (pred[i, 0], pred[i, 1]) if lam[0] > 0 else (pred[i, 1], pred[i, 0])
+            assert torch.isclose(nonzero, lam[0]) and zero == 0
+        else:
+            want = torch.cat([pred[i, 1:], torch.zeros(d - 2, dtype=F64), pred[i, :1]])
+            assert torch.allclose(lam, want, atol=1e-12)
+
+
 @pytest.mark.parametrize("c", [2.5, -0.4])
 def test_rank_one_eigenvalues_parallel_case(c):
     q = _rand(6, seed=14)
@@ -200,3 +221,21 @@ def test_bad_input_raises_clear_errors():
         L.rank_one_eigenvalues(_rand(3), _rand(4))
     with pytest.raises(ValueError, match="steps"):
         L.fit_factors(A, 1, steps=0)
+
+
+def test_batched_functions_equal_the_loop_in_the_input_dtype():
+    """What the module docstring promises: a batch (..., d, d) gives, matrix by matrix, what
+    one matrix gives, in the input's dtype; inertia takes one matrix only."""
+    A = _rand(2, 3, 5, 5, seed=31).to(torch.float32)
+    one = lambda f, *a: torch.stack([torch.stack([f(*(t[i, j] for t in a)) for j in range(3)]) for i in range(2)])
+    q, k = L.eig_factors(A, 2)
+    for f, args in ((L.symmetric_part, (A,)), (lambda a: L.eckart_young_error(a, 2), (A,)),
+                    (lambda a: L.balanced_error(a, 2), (A,)), (lambda a: L.eig_factors(a, 2)[0], (A,)),
+                    (lambda a: L.balanced_factors(a, 2)[1], (A,)), (L.symmetric_error, (A, q, k)),
+                    (L.factors_to_matrix, (q, k)), (lambda a: L.identity_factors(a)[1], (A,)),
+                    (L.rank_one_eigenvalues, (q[..., 0, :], k[..., 0, :]))):
+        batched = f(*args)
+        assert batched.dtype == torch.float32
+        torch.testing.assert_close(batched, one(f, *args), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="one \\(d, d\\) matrix"):
+        L.inertia(A)

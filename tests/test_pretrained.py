@@ -787,3 +787,39 @@ def test_robustness_readers_on_a_constructed_file():
     r = random_set_ranks(rob)[7]
     assert r["closest"] == pytest.approx(0.5) and r["random"] == pytest.approx([0.3, 1.0, 0.4])
     assert r["rank"] == 2 and r["draws"] == 3          # two random draws cost less than the closest set
+
+
+def test_context_reordering_pools_windows_and_tests_them_paired():
+    """Three windows (two texts), relative costs chosen so every statistic is done by hand;
+    with 2 degrees of freedom Student's t has the closed form P(|T| ≥ t) = 1 − t/√(2 + t²)."""
+    from qkmlp.book.ch09_findings import context_reordering
+
+    def text(swap, none):
+        parts = ("first", "last_in_context", "last_fresh")
+        return {"base": {p: [3.0] * len(none) for p in parts},
+                "kinds": {"swap": dict(zip(parts, swap)), "none": dict(zip(parts, none)),
+                          "rescale:-1": dict(zip(parts, none))}}
+
+    rob = {"context": {"A": text(([11.0, 12.0], [10.0, 10.0], [11.0, 10.0]), ([10.0, 10.0],) * 3),
+                       "B": text(([10.0], [7.0], [10.0]), ([10.0],) * 3)}}
+    r = context_reordering(rob)
+    p2 = lambda t: 1 - abs(t) / math.sqrt(2 + t * t)
+    assert r["n"] == 3 and r["texts"] == ["A", "A", "B"]
+    assert r["relative"]["first"] == [1.0, 2.0, 0.0] and r["relative"]["last_in_context"] == [0.0, 0.0, -3.0]
+    # shift per window −1, −2, −3: mean −2, sd 1, t = −2√3
+    assert r["shift"] == [-1.0, -2.0, -3.0] and r["n_shift_down"] == 3
+    assert r["shift_test"]["mean"] == pytest.approx(-2.0)
+    assert r["shift_test"]["t"] == pytest.approx(-2 * math.sqrt(3))
+    assert r["shift_test"]["p"] == pytest.approx(p2(2 * math.sqrt(3)))
+    # no context: 0, −2, 0 (t = −1); the context adds −1, 0, −3; the means add up
+    assert r["fresh_test"]["mean"] == pytest.approx(-2 / 3) and r["fresh_test"]["p"] == pytest.approx(p2(1.0))
+    assert r["context_test"]["mean"] == pytest.approx(-4 / 3)
+    # after context: 0, 0, −3 (t = −1); only the strictly cheaper window counts as below
+    assert r["below"] == {"first": 0, "last_in_context": 1, "last_fresh": 0}
+    assert r["below_test"]["last_in_context"]["p"] == pytest.approx(p2(1.0))
+    assert r["text_means"]["A"]["first"] == pytest.approx(1.5) and r["text_means"]["B"]["last_in_context"] == -3.0
+    assert context_reordering(rob, "rescale:-1", "none")["relative"]["first"] == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="'symmetrized' is not in the context part"):
+        context_reordering(rob, "symmetrized")
+    with pytest.raises(ValueError, match="'context'"):
+        context_reordering({"random_sets": {}})

@@ -56,11 +56,22 @@ def test_help_says_how_long_the_default_run_takes_and_that_out_is_created(capsys
     assert "folder is created" in text and "jobs done and left" in text
 
 
-def test_the_stored_run_took_what_the_help_says():
+def test_the_stored_run_took_what_the_help_says(capsys):
+    """The help's time is read against the stored record: its seconds, its 'about an hour'
+    (within a quarter hour), its two jobs on two cores of an AMD EPYC."""
+    import re
     from pathlib import Path
 
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    said = re.search(r"took ([\d,]+) s of wall time with --jobs (\d+) on two cores of an (AMD EPYC)", text)
+    assert said, "the help no longer states the stored run's wall time"
     meta = json.loads((Path(__file__).parents[1] / "book/data/pretrained/smollm2.json").read_text())["meta"]
-    assert round(meta["wall_s"]) == 3747 and meta["jobs"] == 2
+    assert round(meta["wall_s"]) == int(said.group(1).replace(",", ""))
+    assert meta["jobs"] == int(said.group(2)) and meta["machine"]["cpu"] == said.group(3)
+    assert meta["machine"]["cpu_count"] == 2 and "about an hour" in text
+    assert abs(meta["wall_s"] / 3600 - 1) < 0.25
 
 
 def test_q4_grid_needs_every_width_a_multiple_of_32():

@@ -87,3 +87,29 @@ def test_a_model_that_declares_no_activation_names_both_attributes():
     with pytest.raises(ValueError, match="neither hidden_activation nor hidden_act"):
         gated_mlps(model)
     assert gated_mlps(model, activation="gelu_tanh")[0].activation.name == "gelu_tanh"
+
+
+def test_the_conversion_check_resolves_what_the_dtype_allows():
+    """A module that computes GELU's tanh approximation under a config that declares exact
+    GELU: float32 catches it, half precision's tolerance (2e-2) lets it pass, as
+    ``gated_mlps``'s docstring says."""
+    from test_retrain import tiny_llama
+
+    caught = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = tiny_llama().to(dtype)
+        model.config.hidden_act = "gelu"
+        for layer in model.model.layers:
+            layer.mlp.act_fn = torch.nn.GELU(approximate="tanh")
+        try:
+            g = gated_mlps(model)
+        except ValueError as e:
+            caught[dtype] = "differs from the model's LlamaMLP" in str(e)
+            continue
+        caught[dtype] = False
+        x = 3 * torch.randn(64, 32, generator=torch.Generator().manual_seed(0)).to(dtype)
+        with torch.no_grad():
+            ref = model.model.layers[0].mlp(x).float()
+            gap = float((g[0](x).float() - ref).abs().max() / ref.abs().max())
+        assert 1e-3 < gap < 2e-2                     # wrong, by less than the tolerance
+    assert caught == {torch.float32: True, torch.bfloat16: False}

@@ -206,3 +206,27 @@ def test_the_intro_opens_with_the_picture_and_the_answer():
     # chapter 6 is marked as the generalisation the answer does not need
     six = text[text.index("6. {doc}`06_rank_r`"):text.index("**Detours**")]
     assert "generalisation" in six and "does not need it" in six
+
+
+# ------------------------------------------------------- "checks each one in running code"
+STATEMENT = re.compile(r"```\{prf:(theorem|proposition|lemma|corollary)\}[^\n]*\n:label: (\S+)")
+
+
+def test_every_theorem_is_followed_by_code_that_asserts():
+    """The README and the running-locally page say each theorem (proposition, lemma,
+    corollary) is checked in running code: a code cell with an ``assert`` among the five
+    cells after the one that states it."""
+    unchecked, seen = [], 0
+    for path in sorted((ROOT / "book").glob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        for i, c in enumerate(cells):
+            if c["cell_type"] != "markdown":
+                continue
+            for m in STATEMENT.finditer("".join(c["source"])):
+                seen += 1
+                after = cells[i + 1:i + 6]
+                if not any(d["cell_type"] == "code" and re.search(r"\bassert\b", "".join(d["source"]))
+                           for d in after):
+                    unchecked.append(f"{path.name}: {m.group(2)}")
+    assert seen > 40, f"found only {seen} numbered statements: has the directive syntax changed?"
+    assert not unchecked, f"statements with no assert in the five cells after them: {unchecked}"

@@ -306,3 +306,31 @@ def test_plot_matched_draws_the_arm_and_its_control_per_seed():
     plots.plot_gaps(res, a2)
     assert len(a2.get_lines()) == 2
     plt.close("all")
+
+
+def _distance_file(tmp_path, name, arms, key="k1"):
+    path = tmp_path / name
+    path.write_text(json.dumps({"meta": {"run_key": key}, "arms": arms}))
+    return path
+
+
+def test_distance_summary_is_the_plain_mean_over_layers(tmp_path):
+    arm = {"start": {"a": 10.0, "b": 12.0, "v": 11.0}, "validation_mean": 11.0,
+           "mlp_change": {"local": [0.5, 1.5, 1.0], "in_model": [0.5, 2.5, 3.0]}}
+    d = R.load_distances(_distance_file(tmp_path, "one.json", {"x": arm}),
+                         _distance_file(tmp_path, "two.json", {"y": {**arm, "validation_mean": 3.0}}))
+    s = R.distance_summary(d, "x", ["a", "b"])
+    assert s["start"] == {"a": 10.0, "b": 12.0} and s["validation_mean"] == 11.0
+    assert s["local"] == pytest.approx(1.0) and s["in_model"] == pytest.approx(2.0) and s["in_model_max"] == 3.0
+    assert R.distance_summary(d, "y", ["a"])["validation_mean"] == 3.0
+    with pytest.raises(KeyError, match="no distance stored for 'z'"):
+        R.distance_summary(d, "z", ["a"])
+    with pytest.raises(KeyError, match="no start on"):
+        R.distance_summary(d, "x", ["c"])
+    with pytest.raises(ValueError, match="different run keys"):
+        R.load_distances(_distance_file(tmp_path, "one.json", {"x": arm}),
+                         _distance_file(tmp_path, "three.json", {"y": arm}, key="k2"))
+    other = {**arm, "start": {"a": 9.0}}
+    with pytest.raises(ValueError, match="stored twice"):
+        R.load_distances(_distance_file(tmp_path, "one.json", {"x": arm}),
+                         _distance_file(tmp_path, "four.json", {"x": other}))

@@ -85,3 +85,16 @@ def test_random_sets_swap_the_closest_units_and_the_stated_draws():
     assert row["random_1"] == pytest.approx(want, rel=1e-9)
     assert row["closest"] != pytest.approx(out["base"], rel=1e-6)
     assert pair_distance(g).argsort()[:12].tolist() == pair_distance(all_g[1]).argsort()[:12].tolist()
+
+
+def test_the_docstring_states_the_stored_runs_wall_time():
+    import json
+    import re
+    from pathlib import Path
+
+    said = re.search(r"took (\d+) s of wall time, one torch thread on a\s+two-core (AMD EPYC)", R.__doc__)
+    assert said, "robustness's docstring no longer states the stored run's wall time"
+    meta = json.loads((Path(__file__).parents[1] / "book/data/pretrained/robustness.json").read_text())["meta"]
+    assert round(meta["wall_s"], -1) == int(said.group(1))
+    m = meta["machine"]
+    assert (m["torch_threads"], m["cpu_count"], m["cpu"]) == (1, 2, said.group(2))

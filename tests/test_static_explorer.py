@@ -12,9 +12,10 @@ import pytest
 
 from qkmlp import activation_names
 from qkmlp import get_activation
-from qkmlp.book.static_explorer import (PLANE_LEVELS, PLANE_N, decode_plane, encode_plane,
-                                        static_explorer_data, static_explorer_html)
-from qkmlp.book.widgets import _grid, component_products, default_alphas, exchange_plane
+from qkmlp.book.explorer_model import (PLANE_PANELS, component_products, default_alphas, exchange_plane,
+                                       explorer_planes, scatter_grid)
+from qkmlp.book.static_explorer import (FRAME_FIELDS, PANEL_CLASSES, PLANE_LEVELS, PLANE_N, decode_plane,
+                                        encode_plane, static_explorer_data, static_explorer_html)
 
 MAX_BYTES = 600_000  # one explorer; the whole chapter page must stay under 2 MB
 
@@ -73,13 +74,23 @@ def test_dom_contract(page):
     options = [a["value"] for tag, a, stack in tags if tag == "option" and ("select", "qkmlp-activation") in stack]
     assert options == activation_names()
     for cls in ("qkmlp-alpha-value", "qkmlp-scale-change", "qkmlp-swap-change", "qkmlp-plot", "qkmlp-plane",
-                "qkmlp-heat-unit", "qkmlp-heat-swap", "qkmlp-heat-diff", "qkmlp-colorbar"):
+                "qkmlp-exchange-head", "qkmlp-scaling-head") + PANEL_CLASSES:
         assert len(_with_class(tags, cls)) == 1, cls
-    for cls in ("qkmlp-heat-unit", "qkmlp-heat-swap", "qkmlp-heat-diff", "qkmlp-colorbar"):
+    for cls in PANEL_CLASSES:   # each heat map an SVG in the plane, with its cells and its colour bar
         ((tag, _, stack),) = _with_class(tags, cls)
         assert tag == "svg" and ("div", "qkmlp-plane") in stack, cls
+        inside = [t for t in tags if ("svg", f"qkmlp-heat {cls}") in t[2]]
+        for part in ("qkmlp-cells", "qkmlp-cbar-bands", "qkmlp-cbar-lo", "qkmlp-cbar-mid", "qkmlp-cbar-hi",
+                     "qkmlp-heat-title"):
+            assert len(_with_class(inside, part)) == 1, (cls, part)
+    rows = _with_class(tags, "qkmlp-plane-row")
+    assert len(rows) == 2                                  # the exchange, then the scaling claim
+    for k, row in enumerate(rows):
+        in_row = [a.get("class", "") for tag, a, stack in tags if tag == "svg" and ("div", "qkmlp-plane-row") in stack]
+        assert [c.split()[1] for c in in_row[3 * k:3 * k + 3]] == list(PANEL_CLASSES[3 * k:3 * k + 3])
+    assert not _with_class(tags, "qkmlp-colorbar")         # one colour bar per map now, not one shared
     circles = [t for t in tags if t[0] == "circle"]
-    assert len(circles) == 2 * len(_grid()[0])
+    assert len(circles) == 2 * len(scatter_grid()[0])
     assert all(("div", "qkmlp-plot") in stack for _, _, stack in circles)  # the plot is under .qkmlp-plot
     for tag, a, stack in tags:  # everything sits inside the one container
         if a.get("class") != "qkmlp-static-explorer":
@@ -150,13 +161,15 @@ def test_frames_match_live_numbers(page, form, act, alpha, rank):
 
 def test_plot_frames_match_component_products(page):
     _, data = page
-    a, b = _grid()
+    a, b = scatter_grid()
+    rows = data["points"]
+    assert len({tuple(r) for r in rows}) == len(rows)          # each distinct row stored once
     for form, act in (("gated", "silu"), ("gated", "relu2"), ("symmetric", "tanh")):
         for i in (0, 5, len(data["alphas"]) - 1):
             p0, pa, ps = component_products(form, act, data["alphas"][i], a, b)
             frame = data["plot"][form][act]
             for got, want in ((frame["x0"], p0), (frame["scale"][i], pa), (frame["swap"][i], ps)):
-                np.testing.assert_allclose(got, want, rtol=5e-3, atol=1e-12)
+                np.testing.assert_allclose(rows[got], want, rtol=5e-3, atol=1e-12)
 
 
 def test_theorems_visible_in_frames(page):
@@ -242,23 +255,46 @@ def test_js_updates_text_and_plot(tmp_path, page):
 
             pal = data["plane"]["palette"]
             white = pal[PLANE_LEVELS]
+            n = PLANE_N
+
+            def want(values, limit):     # the colour of each cell, from the formula's values
+                return [pal[int(np.clip(np.rint(v / limit * PLANE_LEVELS), -PLANE_LEVELS, PLANE_LEVELS)) + PLANE_LEVELS]
+                        for v in np.asarray(values).ravel()]
+
+            def heading(row):
+                return root.locator(f".qkmlp-{row}-head").inner_text()
+
             root.locator("input.qkmlp-alpha").fill(str(data["alphas"].index(1.0)))
             root.locator("select.qkmlp-activation").select_option("silu")
-            u, w, d = fills("qkmlp-heat-unit"), fills("qkmlp-heat-swap"), fills("qkmlp-heat-diff")
-            n = PLANE_N
-            assert len(u) == len(w) == len(d) == n * n
-            # the cells are where exchange_plane puts them: cell k is row k // n (b), column k % n (a)
-            p = exchange_plane("gated", "silu", 1.0, n=n)
-            scale = data["plane"]["frames"]["gated"]["silu"][data["alphas"].index(1.0)][2]
-            want = [pal[int(np.clip(np.rint(v / scale * PLANE_LEVELS), -PLANE_LEVELS, PLANE_LEVELS)) + PLANE_LEVELS]
-                    for v in p["unit"].ravel()]
-            assert u == want
+            u, w, d, u1, ua, sd = (fills(c) for c in PANEL_CLASSES)
+            assert len(u) == len(w) == len(d) == len(sd) == n * n
+            # the cells are where explorer_planes puts them: cell k is row k // n (b), column k % n (a)
+            p = explorer_planes("gated", "silu", 1.0, n=n)
+            maps = float(f"{p['limits']['maps']:.3g}")
+            assert u == want(p["unit"], maps) and ua == u and u1 == u
             assert u != w and set(d) != {white}                      # gated: the exchange breaks
             assert w == [u[(k % n) * n + k // n] for k in range(n * n)]  # α = 1: the swap is the transpose
+            assert set(sd) == {white} and "difference 0 everywhere" in heading("scaling")
+            # GELU at α = 2^(1/4): the scaling difference is a few % of the maps, drawn on its own scale
+            root.locator("select.qkmlp-activation").select_option("gelu")
+            root.locator("input.qkmlp-alpha").fill(str(data["alphas"].index(2 ** 0.25)))
+            p = explorer_planes("gated", "gelu", 2 ** 0.25, n=n)
+            lim = float(f"{p['limits']['scaling_difference']:.3g}")
+            sd = fills("qkmlp-heat-scale-diff")
+            assert sd == want(p["scaling_difference"], lim)
+            assert {pal[0], pal[-1]} & set(sd)                        # its largest cell: an end colour
+            assert fills("qkmlp-heat-at1") == want(p["unit_at_1"], float(f"{p['limits']['maps']:.3g}"))
+            bar = root.locator(".qkmlp-heat-scale-diff")
+            assert bar.locator(".qkmlp-cbar-hi").text_content() == f"+{lim:g}"
+            share = 100 * lim / float(f"{p['limits']['maps']:.3g}")
+            assert f"max |difference| = {lim:g} ({float(f'{share:.2g}'):g} % of the maps' max)" in heading("scaling")
+            root.locator("select.qkmlp-activation").select_option("silu")
+            root.locator("input.qkmlp-alpha").fill(str(data["alphas"].index(1.0)))
             root.locator("select.qkmlp-form").select_option("symmetric")
             u2, w2, d2 = fills("qkmlp-heat-unit"), fills("qkmlp-heat-swap"), fills("qkmlp-heat-diff")
             assert u2 == w2 and set(d2) == {white} and u2 != u       # symmetric: equal maps, blank difference
-            assert "swap: σ((b/α)(αa))" in root.locator(".qkmlp-heat-swap").inner_html()
+            assert "swap at α: σ((b/α)(αa))" in root.locator(".qkmlp-heat-swap").inner_html()
+            assert "difference 0 everywhere" in heading("exchange")
             assert not errors
         finally:
             browser.close()
@@ -281,7 +317,7 @@ def test_responsive_layout():
     """No fixed width wider than a phone's column: each panel is its own SVG that can shrink."""
     html = static_explorer_html(uid="resp", activations=["relu"])
     svgs = [a for tag, a, _ in _parse(html) if tag == "svg"]
-    assert len(svgs) == 2 + 4          # two scatters; three heat maps and their colour bar
+    assert len(svgs) == 2 + 6          # two scatters; six heat maps, each with its colour bar
     for a in svgs:
         assert int(a["width"]) <= 300 and "viewBox" in a or "viewbox" in a
     assert "max-width: 100%" in html and "flex-wrap: wrap" in html
@@ -315,10 +351,43 @@ def test_fits_a_phone(tmp_path):
             assert all(w >= 240 for w in box["svg"])     # at (nearly) natural size: text legible
             assert all(scale >= 0.99 for scale, _ in box["heat"])   # heat maps at natural size (9.5 pt text)
             tops = sorted({round(top) for _, top in box["heat"]})
-            assert len(tops) == 2                         # two rows of two: unit, swap / difference, colour bar
+            assert len(tops) == 6                         # one map a line: each at its natural 212 px
             assert box["slider"]["height"] >= 44 and box["slider"]["width"] >= 200   # a touch target
         finally:
             browser.close()
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(_chromium() is None, reason="needs playwright and a chromium binary")
+def test_heat_maps_read_at_1280px(tmp_path):
+    """In the book's text column at 1280 px (688 CSS px, measured on the built chapter 5
+    page, as tests/test_browser.py notes) the heat maps stand three to a row, two rows,
+    each map's square of cells 170 px wide (it was 119 px) at natural size, inside the
+    explorer."""
+    from playwright.sync_api import sync_playwright
+
+    html = static_explorer_html(uid="desk", activations=["silu", "gelu"])
+    f = tmp_path / "desk.html"
+    f.write_text("<!doctype html><html><head><meta charset='utf-8'></head>"
+                 f"<body style='margin:0'><main style='width:688px;margin:0 296px'>{html}</main></body></html>")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
+        try:
+            pg = browser.new_page(viewport={"width": 1280, "height": 900})
+            pg.goto(f.as_uri())
+            got = pg.evaluate("""() => { const r = document.getElementById('desk'), e = r.getBoundingClientRect();
+                return {right: e.right, sw: r.scrollWidth, cw: r.clientWidth,
+                        maps: [...r.querySelectorAll('.qkmlp-plane svg')].map(s => {
+                            const b = s.getBoundingClientRect(), c = s.querySelector('.qkmlp-cells').getBoundingClientRect();
+                            return {top: Math.round(b.top), right: b.right, scale: b.width / s.viewBox.baseVal.width,
+                                    cells: c.width}; })}; }""")
+        finally:
+            browser.close()
+    maps = got["maps"]
+    assert len(maps) == 6 and got["sw"] <= got["cw"] + 1
+    assert len({m["top"] for m in maps}) == 2                 # two rows of three
+    assert all(m["cells"] >= 170 and m["scale"] >= 0.99 for m in maps), maps
+    assert all(m["right"] <= got["right"] for m in maps)
 
 
 # --- the (a, b)-plane heat maps ------------------------------------------------------------
@@ -341,36 +410,65 @@ def test_encode_plane_round_trip_and_levels():
         decode_plane("ff", 1.0)
 
 
-def test_plane_frames_hold_exchange_plane(page):
-    """Every stored frame decodes to exchange_plane's unit and swap within one level, on
-    a scale that is the largest magnitude of unit, swap and their difference."""
+def test_plane_frames_hold_explorer_planes(page):
+    """Every stored frame decodes to explorer_planes' maps within half a level: the unit,
+    its swap and the unit at 1 on the maps' limit, each difference on its own limit (0: a
+    blank grid); the limits are explorer_planes' to 3 significant digits."""
     _, data = page
     pl = data["plane"]
     assert pl["n"] == PLANE_N and pl["levels"] == PLANE_LEVELS and len(pl["palette"]) == 2 * PLANE_LEVELS + 1
     assert len(set(pl["grids"])) == len(pl["grids"])          # each distinct grid stored once
+    slot = {name: FRAME_FIELDS.index(name) for name in FRAME_FIELDS}
     for form in data["forms"]:
         for act in data["activations"]:
-            for i in (0, 7, data["alphas"].index(1.0), len(data["alphas"]) - 1):
+            for i in (0, 7, data["alphas"].index(1.0), data["alphas"].index(2 ** 0.25), len(data["alphas"]) - 1):
                 a = data["alphas"][i]
-                u, w, scale = pl["frames"][form][act][i]
-                p = exchange_plane(form, act, a, n=PLANE_N, span=pl["span"])
-                top = max(np.abs(p[k]).max() for k in ("unit", "swap", "difference"))
-                assert scale == pytest.approx(top, rel=5e-3)
-                for idx, key in ((u, "unit"), (w, "swap")):
-                    got = decode_plane(pl["grids"][idx], scale)
-                    np.testing.assert_allclose(got, np.clip(p[key], -scale, scale), atol=0.5 * scale / PLANE_LEVELS * 1.0001)
+                f = pl["frames"][form][act][i]
+                p = explorer_planes(form, act, a, n=PLANE_N, span=pl["span"])
+                for key in ("maps", "exchange_difference", "scaling_difference"):
+                    stored = f[slot[f"{key}_limit"]]
+                    want = p["limits"][key]
+                    assert stored == pytest.approx(want, rel=5e-3, abs=0), (form, act, a, key)
+                for key, limit in (("unit", "maps_limit"), ("swap", "maps_limit"), ("unit_at_1", "maps_limit"),
+                                   ("exchange_difference", "exchange_difference_limit"),
+                                   ("scaling_difference", "scaling_difference_limit")):
+                    L = f[slot[limit]]
+                    got = decode_plane(pl["grids"][f[slot[key]]], L)
+                    if L == 0:
+                        assert not got.any(), (form, act, a, key)
+                    else:
+                        np.testing.assert_allclose(got, np.clip(p[key], -L, L), atol=0.5 * L / PLANE_LEVELS * 1.0001)
+
+
+def test_plane_panels_are_the_live_explorers(page):
+    """The static explorer draws PLANE_PANELS, the live explorer's six maps, in order."""
+    _, data = page
+    pl = data["plane"]
+    assert [cls for cls, _, _ in pl["panels"]] == list(PANEL_CLASSES)
+    for (cls, grid, limit), (key, lim, gated, symmetric) in zip(pl["panels"], PLANE_PANELS):
+        assert FRAME_FIELDS[grid] == key
+        assert FRAME_FIELDS[limit] == ("maps_limit" if lim == "maps" else f"{lim}_limit")
+    assert pl["titles"]["gated"] == [panel[2] for panel in PLANE_PANELS]
+    assert pl["titles"]["symmetric"] == [panel[3] for panel in PLANE_PANELS]
 
 
 def test_plane_frames_show_the_theorems(page):
-    """The symmetric form's unit and swap are one stored grid at every α and σ; the gated
-    form's are two for every nonlinear σ (its exchange breaks) and one for linear σ."""
+    """The symmetric form's unit and swap are one stored grid at every α and σ and both its
+    differences are blank; the gated form's exchange difference is blank only for linear
+    σ, its scaling difference exactly where chapter 5's theorems keep the scaling."""
     _, data = page
     frames = data["plane"]["frames"]
+    slot = {name: FRAME_FIELDS.index(name) for name in FRAME_FIELDS}
     for act in data["activations"]:
-        linear = get_activation(act).is_linear
-        for (su, sw, _), (gu, gw, _) in zip(frames["symmetric"][act], frames["gated"][act]):
-            assert su == sw
-            assert (gu == gw) == linear, act
+        s = get_activation(act)
+        for alpha, sf, gf in zip(data["alphas"], frames["symmetric"][act], frames["gated"][act]):
+            assert sf[slot["unit"]] == sf[slot["swap"]]
+            assert sf[slot["exchange_difference_limit"]] == sf[slot["scaling_difference_limit"]] == 0
+            assert (gf[slot["unit"]] == gf[slot["swap"]]) == s.is_linear, act
+            assert (gf[slot["exchange_difference_limit"]] == 0) == s.is_linear, act
+            keeps = alpha == 1.0 or s.is_linear or (alpha > 0 and s.homogeneity_degree == 1) or (
+                alpha == -1.0 and s.is_odd)
+            assert (gf[slot["scaling_difference_limit"]] == 0) == keeps, (act, alpha)
     # the symmetric unit does not move with α: one grid per σ
     assert all(len({row[0] for row in frames["symmetric"][act]}) == 1 for act in data["activations"])
 

@@ -262,6 +262,37 @@ def test_predicates_false_yet_symmetric_for_a_custom_sigma():
     assert relative_change(gated, gauge_transformed(gated, G), x) > BROKEN
 
 
+def test_a_nonlinear_odd_sigma_can_commute_with_one_negative_alpha():
+    """σ(z) = z·(2 + sin(2π·log₂|z|)) is odd and σ(2z) = 2σ(z), so σ(−2z) = −2σ(z): the gated
+    layer keeps α = −2 (and 2) without σ being linear; the predicate, reading declared
+    properties only, says False, and α = −3 does change the layer."""
+    def log_periodic(z):
+        return z * (2 + torch.sin(2 * math.pi * torch.log2(z.abs().clamp_min(1e-300))))
+
+    z = torch.linspace(-5, 5, 1000, dtype=F64)
+    assert torch.allclose(log_periodic(-2 * z), -2 * log_periodic(z), atol=1e-12)
+    assert not torch.allclose(log_periodic(3 * z), 3 * log_periodic(z), atol=1e-3)
+    torch.manual_seed(0)
+    layer = GatedMLP(5, 4, activation=log_periodic, dtype=F64)
+    x = torch.randn(100, 5, dtype=F64)
+    assert not rescaling_is_symmetry(layer, -2.0)
+    assert relative_change(layer, rescaled(layer, -2.0), x) < INVARIANT
+    assert relative_change(layer, rescaled(layer, -3.0), x) > BROKEN
+
+
+def test_degree_p_homogeneous_sigma_keeps_minus_one_exactly_when_odd():
+    """A degree-2 gate changes the layer at every α > 0 but 1; at α = −1 the odd z|z| keeps it
+    (σ(−z) = −σ(z)) and squared ReLU does not."""
+    torch.manual_seed(2)
+    x = torch.randn(60, 6, dtype=F64)
+    odd = GatedMLP(6, 5, activation=lambda z: z * z.abs(), dtype=F64)
+    relu2 = GatedMLP(6, 5, activation="relu2", dtype=F64)
+    assert relative_change(odd, rescaled(odd, -1.0), x) < INVARIANT
+    assert relative_change(relu2, rescaled(relu2, -1.0), x) > BROKEN
+    for alpha in (0.5, 2.0):
+        assert relative_change(odd, rescaled(odd, alpha), x) > BROKEN
+
+
 @pytest.mark.parametrize("alpha", [-0.5, -2.0, -3.0])
 def test_degree_p_homogeneous_sigma_with_negative_alpha_reflects_the_input(alpha):
     """For α < 0 a degree-p gate gives x ↦ |α|^(p−1)·f(−x) (not α^(p−1)·f(x))."""

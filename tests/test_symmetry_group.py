@@ -173,6 +173,21 @@ def test_dead_relu_slot_is_a_boundary_case():
         predicted_symmetry_dimension(layer)
 
 
+def test_one_positive_definite_relu_slot_can_keep_the_generic_count():
+    # A positive definite S_j makes a ReLU slot linear; alone among indefinite slots it mixes
+    # with none, and the count here stays m·d(d−1)/2 + m = 12 (so "can be larger", not "is").
+    d, m, d_out = 3, 3, 2
+    torch.manual_seed(0)
+    layer = BilinearAttentionMLP(d, m, d_out, activation="relu", dtype=torch.float64)
+    assert not _definite_slots(layer)
+    generic = symmetry_dimension(layer)
+    assert generic == m * d * (d - 1) // 2 + m
+    with torch.no_grad():
+        layer.interaction[0] = torch.eye(d, dtype=torch.float64) + 0.1 * torch.randn(d, d, dtype=torch.float64)
+    assert _definite_slots(layer) == [0]
+    assert symmetry_dimension(layer) == generic
+
+
 def _definite_slots(layer):
     A = (layer.interaction if hasattr(layer, "interaction") else layer.interactions()).detach().double()
     ev = torch.linalg.eigvalsh((A + A.transpose(1, 2)) / 2)
@@ -212,8 +227,9 @@ def _callable(fn):
     return get_activation(fn)
 
 
-def test_activations_outside_the_classes_give_other_counts_and_the_prediction_refuses():
-    # The counts need σ in one of the three classes of chapter 7.
+def test_activations_outside_the_classes_can_change_a_count_and_the_prediction_refuses():
+    # The counts need σ in one of the three classes of chapter 7; outside them a count can
+    # change (below) or not (the next test).
     zlogz = _callable(lambda z: z * torch.log(z.abs().clamp_min(1e-300)))
     poly = _callable(lambda z: z + z * z)
     relu2z = _callable(lambda z: torch.relu(z) ** 2 + z)
@@ -235,7 +251,7 @@ def test_activations_outside_the_classes_give_other_counts_and_the_prediction_re
     for act in (zlogz, poly, relu2z):
         for layer in (KeyValueMLP(2, 3, 1, activation=act), GatedMLP(2, 3, 1, activation=act),
                       BilinearAttentionMLP(2, 4, 1, activation=act)):
-            with pytest.raises(ValueError, match="named activations"):
+            with pytest.raises(ValueError, match="named activations.*no count is claimed"):
                 predicted_symmetry_dimension(layer)
     # a callable declared linear is linear: its count is proven
     from qkmlp import get_activation
@@ -243,6 +259,31 @@ def test_activations_outside_the_classes_give_other_counts_and_the_prediction_re
     torch.manual_seed(0)
     kv = KeyValueMLP(4, 2, 3, activation=lin)
     assert predicted_symmetry_dimension(kv) == 4 == symmetry_dimension(kv)
+
+
+def test_activations_outside_the_classes_can_also_keep_the_count_of_the_classes():
+    # z·log|z| (zσ' − σ = z) and relu(z) + z² (zσ' − σ = z²) leave, in a key-value layer, the
+    # directions δk_j = c_j k_j, δv_j = −c_j v_j with Σ_j c_j (x·k_j)^e v_j = 0: as many as the
+    # linear relations among the m tensors k_j^⊗e ⊗ v_j (numpy's rank below), which is 0 when
+    # m is at most their space's dimension: then the count is the strictly non-homogeneous 0.
+    import numpy as np
+
+    zlogz = _callable(lambda z: z * torch.log(z.abs().clamp_min(1e-300)))
+    relu_z2 = _callable(lambda z: torch.relu(z) + z * z)
+    z = torch.linspace(-3, 3, 61, dtype=torch.float64)
+    assert torch.allclose(z * ((z > 0).double() + 2 * z) - relu_z2(z), z * z)
+    for act, e in ((zlogz, 1), (relu_z2, 2)):
+        for sizes, count in (((3, 2, 2), 0), ((4, 3, 2), 0), ((2, 3, 1), 1 if e == 1 else 0),
+                             ((2, 4, 1), 2 if e == 1 else 1)):
+            torch.manual_seed(0)
+            layer = KeyValueMLP(*sizes, activation=act)
+            K = layer.key.detach().double().numpy()
+            V = layer.value.detach().double().numpy()
+            rows = [np.kron(np.kron(K[j], K[j]) if e == 2 else K[j], V[j]) for j in range(len(K))]
+            relations = len(K) - np.linalg.matrix_rank(np.array(rows))
+            assert symmetry_dimension(layer) == relations == count, (act.name, sizes)
+    torch.manual_seed(0)
+    assert symmetry_dimension(GatedMLP(2, 3, 1, activation=zlogz)) == 3                 # = m, as SiLU
 
 
 def test_bad_input():

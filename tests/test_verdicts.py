@@ -3,6 +3,7 @@
 each against an independent computation (scipy, brute force, a plain formula)."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -328,3 +329,29 @@ def test_extension_table_reads_a_constructed_re_test():
         " (disagrees with t)" if (r["t_p"] < 0.05) != (r["wilcoxon_p"] < 0.05) else "")
     r, b = by["p1-symmetric"]
     assert b[0] == "not resolved" and f"(detectable {r['mde']:.3f})" in b[2]
+
+
+@pytest.mark.parametrize("noise, expected", [(0.002, "level (±0.005)"), (0.02, "not resolved")])
+def test_corpus_table_reads_constructed_comparisons(noise, expected):
+    from qkmlp.experiments.declared import corpus_tests
+
+    decl = json.loads(open("book/data/experiments/declared/lm-python-p1.json").read())
+    rng = np.random.default_rng(5)
+    base = {s: 1.4 + 0.02 * rng.normal() for s in range(20, 30)}
+    res = {"meta": {"metric": "test_loss"},
+           "runs": [{"family": f, "seed": s, "test_loss": v}
+                    for f, by in (("gated1-silu", base),
+                                  ("symgated1-silu", {s: base[s] + noise * rng.normal() for s in base}),
+                                  ("kv-relu", {s: base[s] + 0.05 + 0.003 * rng.normal() for s in base}))
+                    for s, v in by.items()]}
+    rows = corpus_tests(decl, res)
+    head, body = verdicts.corpus_table(rows, {"symgated1-silu": "symmetrised", "kv-relu": "key-value"})
+    assert head[-1] == "TOST (±0.005)" and len(body) == 2
+    by = {r["b"]: (r, b) for r, b in zip(rows, body)}
+    r, b = by["kv-relu"]
+    assert b[0] == "SwiGLU lower" and b[3] == "10 of 10" and "(detectable" not in b[2]
+    assert b[4].startswith(f"{r['holm_p']:.3g} / {r['t_p']:.3g} / ")
+    r, b = by["symgated1-silu"]
+    assert b[0] == expected
+    assert ("(detectable" in b[2]) == (expected == "not resolved")
+    assert b[3] == f"{sum(d < 0 for d in r['diffs'])} of 10" and b[5] == f"{r['tost_p']:.2f}"

@@ -16,6 +16,7 @@ pytest.importorskip("matplotlib")
 
 from qkmlp import activation_names, get_activation  # noqa: E402
 from qkmlp.book.widgets import (  # noqa: E402
+    PLANE_CMAP,
     SymmetryExplorer,
     SLIDER_HEIGHT_PX,
     SLIDER_TRACK_PX,
@@ -212,7 +213,10 @@ def _widgets_in(box):
 def test_both_figures_change_in_one_image_update(ex):
     """The scatter plots and the heat maps are one PNG: a move of α sends one image, and
     that image is the two figures' pixels stacked (decoded here, compared pixel for pixel
-    with each figure drawn on its own)."""
+    with each figure drawn on its own). The heat maps are redrawn by blitting (a stored
+    background, the changing artists drawn over it); the reference here is a full draw
+    of the figure with every artist in it, so the blit must draw exactly what a full
+    draw does."""
     import ipywidgets as W
     from PIL import Image
 
@@ -227,11 +231,17 @@ def test_both_figures_change_in_one_image_update(ex):
     assert len(seen) == 1
     got = np.asarray(Image.open(io.BytesIO(seen[0])).convert("RGBA"))
     parts = []
-    for fig in (ex.figure, ex.plane_figure):
-        buf = io.BytesIO()
-        fig.savefig(buf, format="raw", dpi=fig.dpi)       # the figure alone, RGBA bytes
-        w, h = (int(round(v)) for v in fig.get_size_inches() * fig.dpi)
-        parts.append(np.frombuffer(buf.getvalue(), np.uint8).reshape(h, w, 4))
+    for a in ex._plane_animated:
+        a.set_animated(False)
+    try:
+        for fig in (ex.plane_figure, ex.figure):          # the heat maps on top, as on the website
+            buf = io.BytesIO()
+            fig.savefig(buf, format="raw", dpi=fig.dpi)       # the figure alone, RGBA bytes
+            w, h = (int(round(v)) for v in fig.get_size_inches() * fig.dpi)
+            parts.append(np.frombuffer(buf.getvalue(), np.uint8).reshape(h, w, 4))
+    finally:
+        for a in ex._plane_animated:
+            a.set_animated(True)
     assert got.shape[0] == sum(p.shape[0] for p in parts) and got.shape[1] == max(p.shape[1] for p in parts)
     top = parts[0].shape[0]
     np.testing.assert_array_equal(got[:top, :parts[0].shape[1]], parts[0])
@@ -380,32 +390,74 @@ def test_exchange_plane_bad_input():
 
 
 def test_plane_figure_follows_the_controls(ex):
-    """The live heat maps redraw in place on each control: the three images hold
-    exchange_plane's unit, swap and difference on one colour scale."""
+    """The live heat maps redraw in place on each control: the six images hold
+    explorer_planes' maps in PLANE_PANELS' order; the four maps of the unit and its swap
+    share one colour scale, each difference has its own, all symmetric about 0."""
     with ex.hold():
         ex.form.value = "gated"
         ex.activation.value = "silu"
         ex.alpha.value = 1.0
     n_axes = len(ex.plane_figure.axes)
-    unit, swap, diff = (np.asarray(im.get_array()) for im in ex.plane_images)
+    assert len(ex.plane_images) == 6 and len(ex.plane_bar_labels) == 6
+    unit, swap, xdiff, at1, unit_again, sdiff = (np.asarray(im.get_array()) for im in ex.plane_images)
     a = ex.plane_images[0].get_extent()
     assert a == [-2.0, 2.0, -2.0, 2.0] or tuple(a) == (-2.0, 2.0, -2.0, 2.0)
     np.testing.assert_array_equal(swap, unit.T)        # α = 1: the reflection in a = b
-    assert np.abs(diff).max() > 1.0                     # gated silu: the exchange breaks
-    clims = {im.get_clim() for im in ex.plane_images}
-    assert len(clims) == 1 and clims.pop()[1] == pytest.approx(max(np.abs(unit).max(), np.abs(diff).max()))
+    np.testing.assert_array_equal(unit_again, unit)
+    np.testing.assert_array_equal(at1, unit)            # α = 1: the scaling moves nothing
+    assert not sdiff.any()                              # ... so its difference is drawn blank
+    assert np.abs(xdiff).max() > 1.0                    # gated silu: the exchange breaks
+    maps = max(np.abs(unit).max(), np.abs(swap).max())
+    for k in (0, 1, 3, 4):
+        assert ex.plane_images[k].get_clim() == pytest.approx((-maps, maps))
+    top = np.abs(unit - unit.T).max()
+    assert ex.plane_images[2].get_clim() == pytest.approx((-top, top))   # its own scale
+    assert [t.get_text() for t in ex.plane_bar_labels[2]] == [f"\u2212{top:.3g}", "0", f"+{top:.3g}"]
+    assert [t.get_text() for t in ex.plane_bar_labels[5]] == ["", "0 everywhere", ""]
+    assert "difference 0 everywhere" in ex.plane_headings[1].get_text()
     png = ex.image.value
     ex.alpha.value = 2.0
-    unit2 = np.asarray(ex.plane_images[0].get_array())
+    unit2, at1_2, sdiff2 = (np.asarray(ex.plane_images[k].get_array()) for k in (0, 3, 5))
     i, j = 16, 12                                       # b = 2, a = 1
     assert unit2[i, j] == pytest.approx(_silu(2.0 * 1.0) * (2.0 / 2.0), rel=1e-12)
+    assert at1_2[i, j] == pytest.approx(_silu(1.0) * 2.0, rel=1e-12)
+    assert sdiff2[i, j] == pytest.approx(_silu(2.0) - 2.0 * _silu(1.0), rel=1e-12)
+    top = np.abs(sdiff2).max()
+    assert ex.plane_images[5].get_clim() == pytest.approx((-top, top))
     assert ex.image.value != png and ex.image.value[:4] == b"\x89PNG"
     ex.form.value = "symmetric"
-    unit, swap, diff = (np.asarray(im.get_array()) for im in ex.plane_images)
-    assert np.array_equal(unit, swap) and not diff.any()
+    unit, swap, xdiff, at1, _, sdiff = (np.asarray(im.get_array()) for im in ex.plane_images)
+    assert np.array_equal(unit, swap) and not xdiff.any() and not sdiff.any()
+    np.testing.assert_allclose(at1, unit, rtol=1e-14, atol=1e-15)
     assert len(ex.plane_figure.axes) == n_axes
     assert ex.image in ex.widget.children
     ex.form.value = "gated"
+
+
+def test_a_small_scaling_difference_fills_its_colour_scale(ex):
+    """GELU at α = 2^(1/4): the unit at α differs from the unit at 1 by a few % of the
+    maps (the smallest difference on the α grid). Its map's colour limits are its own
+    largest magnitude, so its largest cell is drawn in the colour map's end colour; the
+    heading states the size."""
+    from matplotlib import colormaps
+
+    with ex.hold():
+        ex.form.value = "gated"
+        ex.activation.value = "gelu"
+        ex.alpha.value = 2 ** 0.25
+    im = ex.plane_images[5]
+    d = np.asarray(im.get_array())
+    lo, hi = im.get_clim()
+    assert hi == -lo == np.abs(d).max()
+    maps = ex.plane_images[3].get_clim()[1]
+    assert 0.01 < hi / maps < 0.05
+    cmap = colormaps[PLANE_CMAP]
+    k = np.unravel_index(np.abs(d).argmax(), d.shape)
+    assert im.to_rgba(d[k]) == cmap(0.0 if d[k] < 0 else 1.0)
+    assert f"{100 * float(f'{hi:.3g}') / float(f'{maps:.3g}'):.2g} % of the maps' max" in ex.plane_headings[1].get_text()
+    with ex.hold():
+        ex.activation.value = "silu"
+        ex.alpha.value = 1.0
 
 
 def test_slider_is_a_touch_target(ex):

@@ -1,4 +1,6 @@
-"""Parameter and FLOP counts of every layer, from its sizes (works on the meta device).
+"""Parameter counts of any module, and forward FLOP counts of the five layer classes of
+:data:`LAYER_TYPES` from their sizes (both work on the meta device). ``SymmetrizedGatedMLP``
+has a parameter count but no FLOP count here: :func:`flops_per_token` refuses it.
 
 FLOPs count a multiply-add as 2 and ignore the activation's elementwise cost.
 """
@@ -28,7 +30,8 @@ def require_layer(layer) -> None:
 
 
 def parameter_count(layer: nn.Module) -> int:
-    """Number of scalar parameters (shared storage counted once)."""
+    """Number of scalar parameters; a Parameter shared between submodules (tied weights) is
+    counted once. Sharing is by Parameter object: two Parameters viewing one storage count twice."""
     seen, total = set(), 0
     for p in layer.parameters():
         if id(p) not in seen:

@@ -15,8 +15,10 @@ Two ways to turn S into r factors (chapter "Rank r" of the book):
   factors keep up to 2r eigenpairs (r of each sign), which is the best any r factors can
   do (:func:`balanced_error`).
 
-Every function accepts a batch of matrices (..., d, d), computes in float64 and returns
-the input's dtype.
+The functions of matrices and factors accept a batch (..., d, d), compute in float64 and
+return the input's dtype; :func:`inertia` and :func:`factor_rank` take one (d, d) matrix
+and return integers, :func:`with_spectrum` builds one float64 matrix, and
+:func:`truncated_layer` and :func:`exact_layer` take a layer.
 """
 from __future__ import annotations
 
@@ -149,8 +151,11 @@ def factor_rank(A: torch.Tensor, *, tol: Optional[float] = None) -> int:
 def rank_one_eigenvalues(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """The two possibly non-zero eigenvalues of sym(qᵀk): ½(q·k + ‖q‖‖k‖) ≥ 0 ≥ ½(q·k − ‖q‖‖k‖).
 
-    q, k: (..., d) -> (..., 2), ordered [λ₊, λ₋]. The other d − 2 eigenvalues are 0. For
-    parallel q, k (k = cq) one of the two is 0 as well and the other is q·k.
+    q, k: (..., d) -> (..., 2), ordered [λ₊, λ₋], at every d ≥ 1. For d ≥ 2 the d
+    eigenvalues of sym(qᵀk) are λ₊, λ₋ and d − 2 zeros. For parallel q, k (k = cq) one of
+    the two is 0 and the other is q·k. At d = 1, q and k are always parallel and
+    sym(qᵀk) = [q·k] has the single eigenvalue q·k = λ₊ + λ₋: it is λ₊ when q·k > 0 and
+    λ₋ when q·k < 0, and the other value returned, 0, is then not an eigenvalue.
     """
     if not isinstance(q, torch.Tensor) or not isinstance(k, torch.Tensor):
         raise TypeError("q and k must be torch.Tensors of shape (..., d)")

@@ -16,8 +16,9 @@
   SVG rows that wrap, HTML tables).
 - :mod:`qkmlp.book.prose`: numbers in a chapter's prose, shown by MyST's ``{eval}`` role on
   the website and in JupyterLab alike.
-- :mod:`qkmlp.book.widgets`: the live symmetry explorer of chapter 5 and the
-  measurements behind it; :mod:`qkmlp.book.static_explorer`, its kernel-free HTML twin.
+- :mod:`qkmlp.book.widgets`: the live symmetry explorer of chapter 5;
+  :mod:`qkmlp.book.static_explorer`, its kernel-free HTML twin;
+  :mod:`qkmlp.book.explorer_model`, what both measure and draw.
 - :mod:`qkmlp.book.source_archive`: the book's source as the archive the website ships
   (``qkmlp-source.tar.gz``), written by the site's build.
 

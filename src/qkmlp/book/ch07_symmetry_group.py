@@ -5,6 +5,8 @@ and activations, checked at given weights.
   {x : x S_j xᵀ = 0} where S_j's form has a non-zero gradient and every other form is
   non-zero; :func:`cones_separated` says whether one was found for every j. This is
   condition (G) of the theorem "Quadratic terms cannot cancel".
+- :func:`eigen_cone_point`: the point on an indefinite form's cone that the proof that (G)
+  holds for almost all weights uses, built from two eigenvectors.
 - :func:`split_form`, :func:`orr_component`: the split form 𝒥 = [[0, I], [I, 0]] and
   which of the four connected components of O(r, r) an element lies in.
 - :func:`asymptotes`: the affine asymptotes ℓ± of an activation, which the same
@@ -19,7 +21,7 @@ import torch
 
 from .._checks import positive_int, tolerance
 
-__all__ = ["cone_points", "cones_separated", "asymptotes", "split_form", "orr_component"]
+__all__ = ["cone_points", "cones_separated", "eigen_cone_point", "asymptotes", "split_form", "orr_component"]
 
 
 def _check_forms(S) -> torch.Tensor:
@@ -79,6 +81,26 @@ def cones_separated(S: torch.Tensor, **kwargs) -> bool:
     every slot. ``True`` is proven by the points; ``False`` means none was found in the
     lines tried (for a definite S_j or two equal slots, none exists)."""
     return all(p is not None for p in cone_points(S, **kwargs))
+
+
+def eigen_cone_point(S: torch.Tensor) -> torch.Tensor:
+    """A point x₀ = √(−μ)·u + √λ·w on the cone {x : x S xᵀ = 0} of an indefinite symmetric S,
+    with x₀S ≠ 0: u, w unit eigenvectors of the largest eigenvalue λ > 0 and the smallest
+    μ < 0 (then x₀Sx₀ᵀ = −μλ + λμ = 0 and x₀S = √(−μ)λu + √λμw). Float64.
+
+    Raises ``ValueError`` unless S is a d × d symmetric matrix with eigenvalues of both signs
+    (beyond 1e-12 of the largest |eigenvalue|): a definite or semidefinite S has no such point.
+    """
+    if not isinstance(S, torch.Tensor) or S.dim() != 2:
+        raise ValueError(f"S must be one d × d symmetric matrix, got {getattr(S, 'shape', type(S).__name__)}")
+    S = _check_forms(S[None])[0]
+    ev, vec = torch.linalg.eigh(S)
+    scale = ev.abs().max().item()
+    if not (ev[0] < -1e-12 * scale and ev[-1] > 1e-12 * scale):
+        raise ValueError(f"S must be indefinite (eigenvalues of both signs), got eigenvalues "
+                         f"from {ev[0].item():.3g} to {ev[-1].item():.3g}")
+    mu, lam = ev[0], ev[-1]
+    return (-mu).sqrt() * vec[:, -1] + lam.sqrt() * vec[:, 0]
 
 
 def asymptotes(activation, *, far: float = 30.0) -> dict:

@@ -33,7 +33,7 @@ from .typography import MINUS, NBSP, breakable, interval, signed  # noqa: F401  
 
 __all__ = ["family_tests", "verdict", "gain_cell", "verdict_cell", "family_table",
            "declared_steps", "budget_rows", "budget_table", "budget_p_table", "trend_status", "multiplier_status",
-           "status_text", "share_kept", "extension_table"]
+           "status_text", "share_kept", "extension_table", "corpus_table"]
 
 _STEPS = re.compile(r"_(\d+)\.json$")
 
@@ -245,6 +245,30 @@ def extension_table(out: dict, labels: Mapping[str, str], a: str = "SwiGLU",
     n = out["rows"][0]["n"] if out["rows"] else 0
     return (["verdict", f"{a} against", f"{a} − control, {n} seeds (95 % interval)", "p: t Holm / t / Wilcoxon",
              f"{new} (replication)"], body)
+
+
+def corpus_table(rows: list[dict], labels: Mapping[str, str], a: str = "SwiGLU",
+                 digits: int = 4) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of one grid's declared comparisons
+    (:func:`qkmlp.experiments.declared.corpus_tests`): the verdict, the comparison
+    (``labels`` names each ``b`` family), the gap with its 95 % interval (and, unresolved,
+    the difference the first Holm step detects with power 0.8, the rows' ``mde``), seeds
+    favouring ``a``, and the p-values: t after Holm and before, the Wilcoxon companion
+    (flagged where it disagrees with t at α before correction) and the TOST."""
+    words = {"a lower": f"{a} lower", "not resolved": "not resolved"}
+    body = []
+    for r in rows:
+        v = r["verdict"]
+        w = (words[v] if v in words else f"{labels[r['b']]} lower" if v == "b lower"
+             else f"level (±{r['margin']:g})")
+        cell = gain_cell(r, digits, mde_digits=digits)
+        wil = f"{r['wilcoxon_p']:.3f}"
+        if (r["t_p"] < r["alpha"]) != (r["wilcoxon_p"] < r["alpha"]):
+            wil += " (disagrees with t)"
+        body.append([w, labels[r["b"]], cell, f"{r['a_wins']} of {r['n']}",
+                     f"{r['holm_p']:.3g} / {r['t_p']:.3g} / {wil}", f"{r['tost_p']:.2f}"])
+    return (["verdict", f"{a} against", f"{a} − control (95 % interval)", f"seeds {a} lower",
+             "p: t Holm / t / Wilcoxon", f"TOST (±{rows[0]['margin']:g})" if rows else "TOST"], body)
 
 
 def _steps(n: int) -> str:

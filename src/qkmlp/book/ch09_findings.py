@@ -14,8 +14,9 @@ can check each computation against a hand-made results dict:
   :func:`unit_set_test`: is one set of exchanged units cheaper than another;
 - :func:`claim_by_text`, :func:`orbit_summary`, :func:`all_layer_table`, :func:`top_units`:
   the chapter's tables, each from one call;
-- :func:`context_changes` and :func:`random_set_ranks` read the robustness file of
-  :mod:`qkmlp.pretrained.robustness` (context length; several random unit sets).
+- :func:`context_changes`, :func:`context_reordering` and :func:`random_set_ranks` read the
+  robustness file of :mod:`qkmlp.pretrained.robustness` (context length, with paired tests
+  over windows; several random unit sets).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from ..pretrained.textrun import parse_key
 
 __all__ = ["texts_table", "layer_means", "layer_comparison", "orbit_points", "orbit_matched", "across_texts",
            "unit_findings", "unit_set_test", "ranges", "claim_by_text", "orbit_summary", "all_layer_table", "top_units",
-           "context_changes", "random_set_ranks"]
+           "context_changes", "context_reordering", "random_set_ranks"]
 
 
 def texts_table(results: dict) -> list[dict]:
@@ -258,6 +259,59 @@ def context_changes(robustness: dict) -> dict:
                 t = paired_t(c["base"][part], parts[part])
                 out[text][kind][part] = (t["mean"], t["se"])
     return out
+
+
+def context_reordering(robustness: dict, a: str = "swap", b: str = "none") -> dict:
+    """Change ``a`` priced against change ``b`` on each long window of the robustness file,
+    every text's windows pooled (texts in file order), with paired t-tests over the windows.
+
+    A window's *relative cost* in a part (``first``, ``last_in_context``, ``last_fresh``; see
+    :func:`context_changes`) is loss(a) − loss(b): the unchanged model's loss cancels, and
+    it is below 0 where ``a`` costs less than ``b``. Returns
+
+    - ``n``: the number of windows; ``texts``: the text of each window;
+    - ``relative``: ``{part: [relative cost per window]}``;
+    - ``below``: ``{part: windows where a costs less than b}``, ``below_test``:
+      ``{part: paired_t(b, a)}`` (mean relative cost, its se, t and two-sided p);
+    - ``text_means``: ``{text: {part: mean relative cost over that text's windows}}``;
+    - ``shift``: per window, relative cost on the last tokens in context minus on the first
+      tokens; ``n_shift_down``: windows where it is below 0 (``a`` got cheaper relative to
+      ``b``); ``shift_test``: the paired t-test of first against last in context;
+    - ``fresh_test``: first against the same last tokens scored as a fresh window (the part
+      of the shift that comes from which tokens are scored); ``context_test``: fresh against
+      in context (the part the context adds). The three means add up:
+      shift = fresh + context.
+    """
+    ctx = robustness.get("context") if isinstance(robustness, dict) else None
+    if not ctx:
+        raise ValueError("robustness must be the dict of qkmlp.pretrained.robustness with a "
+                         "non-empty 'context' part")
+    rel = {part: [] for part in WINDOW_PARTS}
+    texts, per_text = [], {}
+    for text, c in ctx.items():
+        for kind in (a, b):
+            if kind not in c["kinds"]:
+                raise ValueError(f"change {kind!r} is not in the context part of {text!r}; "
+                                 f"expected one of {sorted(c['kinds'])}")
+        per_text[text] = {}
+        for part in WINDOW_PARTS:
+            la, lb = c["kinds"][a][part], c["kinds"][b][part]
+            if len(la) != len(lb):
+                raise ValueError(f"{text!r} {part}: {a!r} and {b!r} hold {len(la)} and {len(lb)} windows")
+            r = [x - y for x, y in zip(la, lb)]
+            rel[part] += r
+            per_text[text][part] = sum(r) / len(r)
+        texts += [text] * len(c["kinds"][a]["first"])
+    n = len(texts)
+    zeros = [0.0] * n
+    shift = [y - x for x, y in zip(rel["first"], rel["last_in_context"])]
+    return {"n": n, "texts": texts, "relative": rel,
+            "below": {part: sum(v < 0 for v in rel[part]) for part in WINDOW_PARTS},
+            "below_test": {part: paired_t(zeros, rel[part]) for part in WINDOW_PARTS},
+            "text_means": per_text, "shift": shift, "n_shift_down": sum(v < 0 for v in shift),
+            "shift_test": paired_t(rel["first"], rel["last_in_context"]),
+            "fresh_test": paired_t(rel["first"], rel["last_fresh"]),
+            "context_test": paired_t(rel["last_fresh"], rel["last_in_context"])}
 
 
 def random_set_ranks(robustness: dict) -> dict:

@@ -26,7 +26,8 @@ import numpy as np
 
 __all__ = ["load_retrain", "arms", "seeds", "texts", "run_of", "curve", "gap_curve", "closed_at", "original_loss",
            "window_gap", "gap_summary", "recovery_rows", "schedule_at", "shrink_per_full_rate", "is_matched_control", "matched_status",
-           "matched_control", "MATCHED_VERDICTS", "verdict_against_confounds", "NOT_RESOLVED_CONFOUNDS"]
+           "matched_control", "MATCHED_VERDICTS", "verdict_against_confounds", "NOT_RESOLVED_CONFOUNDS",
+           "load_distances", "distance_summary"]
 
 CONTROL = "gated"
 MATCHED_PREFIX = "swapped-f"
@@ -352,3 +353,37 @@ def verdict_against_confounds(results: dict, tests: list, arm: str = "symmetric"
     verdicts = {t["verdict"] for t in per}
     return {"verdict": verdicts.pop() if len(verdicts) == 1 else NOT_RESOLVED_CONFOUNDS,
             "by_control": {t["control"]: t["verdict"] for t in per}, "tests": per}
+
+
+def load_distances(*paths) -> dict:
+    """The arms of one or more distance files (``python -m qkmlp.pretrained.retrain
+    --distances``, :mod:`qkmlp.pretrained.retrain.distance`), merged: ``{arm: record}``.
+    Every file must come from the same run key; an arm stored twice must agree."""
+    merged, keys = {}, set()
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        keys.add(d["meta"]["run_key"])
+        for arm, rec in d["arms"].items():
+            if arm in merged and merged[arm]["start"] != rec["start"]:
+                raise ValueError(f"{arm!r} is stored twice with different starts ({p})")
+            merged[arm] = rec
+    if len(keys) > 1:
+        raise ValueError(f"distance files from different run keys: {sorted(keys)}")
+    return merged
+
+
+def distance_summary(distances: dict, arm: str, texts: list[str]) -> dict:
+    """How far ``arm`` starts from the trained model, two ways (nats per token and
+    relative RMS changes of the MLP outputs; see :mod:`qkmlp.pretrained.retrain.distance`):
+    ``start`` (``{text: loss}`` on each of ``texts``), ``validation_mean``, ``local`` and
+    ``in_model`` (the mean over layers of the per-layer relative change, the layer on the
+    trained model's input, or in the model as run) and ``in_model_max`` (the largest layer)."""
+    if arm not in distances:
+        raise KeyError(f"no distance stored for {arm!r}; stored: {sorted(distances)}")
+    rec = distances[arm]
+    missing = [t for t in texts if t not in rec["start"]]
+    if missing:
+        raise KeyError(f"{arm!r} has no start on {missing}; it has {sorted(rec['start'])}")
+    local, in_model = (np.asarray(rec["mlp_change"][k], dtype=float) for k in ("local", "in_model"))
+    return {"start": {t: float(rec["start"][t]) for t in texts}, "validation_mean": float(rec["validation_mean"]),
+            "local": float(local.mean()), "in_model": float(in_model.mean()), "in_model_max": float(in_model.max())}

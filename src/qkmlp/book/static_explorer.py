@@ -8,12 +8,17 @@ switches activation, form or rank. Show it with ``IPython.display.HTML(static_ex
 The fragment is responsive: the two scatter plots are separate SVGs, 250 CSS px wide at
 their natural size, side by side in a wide column and stacked (or shrunk) on a phone.
 
-Above them, the unit's function on the (a, b) plane (:func:`qkmlp.book.widgets.exchange_plane`):
-heat maps of the unit at α, its swap q ↔ k and unit − swap, on one colour scale per frame.
-Each grid is stored at build time as PLANE_N² characters, one per cell, each a level of
-a 63-step diverging scale (:func:`encode_plane`); identical grids are stored once, so the
-symmetric form (whose unit and swap are equal and do not move with α) costs one grid per
-σ. The α slider is ``SLIDER_HEIGHT_PX`` (44) CSS px tall: a touch target, not a 16 px line.
+Above them, the unit's function on the (a, b) plane
+(:func:`qkmlp.book.explorer_model.explorer_planes`), in two rows of three heat maps: the exchange
+(the unit at α, its swap q ↔ k, unit − swap) and the scaling claim (the unit at α = 1, the
+unit at α, unit at α − unit at 1), the same six panels as the live explorer
+(:data:`qkmlp.book.explorer_model.PLANE_PANELS`). The four maps of the unit and its swap share one
+colour scale per frame; each difference has its own, symmetric about 0 and reaching its
+largest magnitude, so a small difference is drawn in full colour and its size is read on
+its colour bar. Each grid is stored at build time as PLANE_N² characters, one per cell, each
+a level of a 63-step diverging scale (:func:`encode_plane`); identical grids are stored
+once, so the symmetric form (whose unit and swap are equal and do not move with α) costs
+little. The α slider is ``SLIDER_HEIGHT_PX`` (44) CSS px tall: a touch target, not a 16 px line.
 
 DOM contract (browser tests rely on these class names), all inside
 ``<div class="qkmlp-static-explorer" id="...">``: ``input[type=range].qkmlp-alpha``
@@ -21,9 +26,12 @@ DOM contract (browser tests rely on these class names), all inside
 ``.qkmlp-rank`` (a ``select`` when there are several ranks, else a hidden input holding
 the one rank), text elements ``.qkmlp-alpha-value``, ``.qkmlp-scale-change``,
 ``.qkmlp-swap-change`` (plus ``.qkmlp-scale-predicted``, ``.qkmlp-swap-predicted``), the
-two inline SVG panels under ``.qkmlp-plot``, and under ``.qkmlp-plane`` the heat maps
-``svg.qkmlp-heat-unit``, ``svg.qkmlp-heat-swap``, ``svg.qkmlp-heat-diff`` (their cells are
-the ``rect`` elements of ``g.qkmlp-cells``, filled by the script) and ``svg.qkmlp-colorbar``. Each explorer has its own id, and its script only
+two inline SVG panels under ``.qkmlp-plot``, and under ``.qkmlp-plane`` the headings
+``.qkmlp-exchange-head`` and ``.qkmlp-scaling-head`` and the six heat maps
+:data:`PANEL_CLASSES` (``svg.qkmlp-heat-unit``, ``-swap``, ``-diff``, ``-at1``,
+``-unit-at-alpha``, ``-scale-diff``; their cells are the ``rect`` elements of
+``g.qkmlp-cells``, filled by the script, and each has a colour bar, ``g.qkmlp-cbar-bands``
+with ``.qkmlp-cbar-lo``, ``-mid``, ``-hi``). Each explorer has its own id, and its script only
 touches elements inside its own container, so several can share a page.
 """
 from __future__ import annotations
@@ -37,26 +45,28 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..activations import activation_names, get_activation
-from .widgets import (
+from .explorer_model import (
     D_HIDDEN,
     D_MODEL,
     FORMS,
     PLANE_CMAP,
+    PLANE_PANELS,
+    PLANE_ROWS,
     SLIDER_HEIGHT_PX,
-    _check_form,
-    _grid,
     alpha_ticks,
+    check_form,
     component_products,
     default_alphas,
-    exchange_plane,
+    explorer_planes,
     make_batch,
     make_layer,
     measure,
     one_thread,
+    scatter_grid,
 )
 
 __all__ = ["static_explorer_data", "static_explorer_html", "encode_plane", "decode_plane",
-           "PLANE_N", "PLANE_LEVELS"]
+           "PLANE_N", "PLANE_LEVELS", "FRAME_FIELDS", "PANEL_CLASSES"]
 
 #: Significant digits kept for plot coordinates (the plots are 200 px wide).
 PLOT_DIGITS = 3
@@ -70,7 +80,7 @@ _LEVEL_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/
 
 def encode_plane(values, scale: float) -> str:
     """A grid of values as one character per cell, row-major (rows are b, as in
-    :func:`~qkmlp.book.widgets.exchange_plane`): the level round(v / scale · PLANE_LEVELS)
+    :func:`~qkmlp.book.explorer_model.exchange_plane`): the level round(v / scale · PLANE_LEVELS)
     (of that ratio rounded to 9 decimals), clipped to ±PLANE_LEVELS, written as ``_LEVEL_CHARS[level + PLANE_LEVELS]`` (0 is "f").
     """
     scale = float(scale)
@@ -118,15 +128,19 @@ def static_explorer_data(*, alphas: Optional[Sequence[float]] = None,
     ``numbers[str(rank)][form][activation]`` is a list, one entry per α, of
     ``[scale_change, swap_change, scale_predicted_invariant, swap_predicted_invariant,
     scale_predicted_change]`` (the last ``None`` where the theorems give no number), measured
-    with :func:`qkmlp.book.widgets.measure` on the same layer and batch as the live explorer.
+    with :func:`qkmlp.book.explorer_model.measure` on the same layer and batch as the live explorer.
     ``plot[form][activation]`` holds ``x0`` (the unscaled product per grid point) and, per α,
-    ``scale[i]`` (scaled product) and ``swap[i]`` (swapped product at α): see
-    :func:`qkmlp.book.widgets.component_products`. Plot coordinates keep ``PLOT_DIGITS`` significant digits.
+    ``scale[i]`` (scaled product) and ``swap[i]`` (swapped product at α), each an index into
+    ``points`` (the distinct rows of products, stored once): see
+    :func:`qkmlp.book.explorer_model.component_products`. Plot coordinates keep ``PLOT_DIGITS`` significant digits.
     ``plane`` holds the heat maps: ``n``, ``span``, ``levels``, ``palette`` (one colour per
-    level), ``grids`` (distinct grids, :func:`encode_plane`) and
-    ``frames[form][activation]``, per α ``[unit, swap, scale]``: indices into ``grids`` of
-    :func:`~qkmlp.book.widgets.exchange_plane`'s unit and swap, encoded on one scale, the
-    largest magnitude among unit, swap and unit − swap (``PLOT_DIGITS`` digits).
+    level), ``grids`` (distinct grids, :func:`encode_plane`), ``rows`` (the two rows' names,
+    :data:`~qkmlp.book.explorer_model.PLANE_ROWS`), ``titles[form]`` (the six maps' titles),
+    ``panels`` (per map: its SVG's class, the frame slot of its grid and of its colour limit)
+    and ``frames[form][activation]``, per α the list :data:`FRAME_FIELDS`: indices into
+    ``grids`` of :func:`~qkmlp.book.explorer_model.explorer_planes`' unit, swap, unit at 1 and the
+    two differences, then the colour limits (``PLOT_DIGITS`` digits) that encode them: the
+    maps' largest magnitude and each difference's own (0: a blank difference).
     """
     alphas = [float(a) for a in (default_alphas() if alphas is None else alphas)]
     if not alphas:
@@ -134,7 +148,7 @@ def static_explorer_data(*, alphas: Optional[Sequence[float]] = None,
     names = list(activations or activation_names())
     for n in names:
         get_activation(n)
-    forms = [_check_form(f) for f in forms]
+    forms = [check_form(f) for f in forms]
     ranks = [int(r) for r in ranks]
     if not ranks or min(ranks) < 1:
         raise ValueError(f"ranks must be a non-empty list of integers >= 1, got {ranks!r}")
@@ -160,7 +174,9 @@ def _compute(alphas, names, forms, ranks, seed) -> dict:
                                  m["scale_predicted_change"]])
                 numbers[str(r)][f][n] = rows
 
-    ga, gb = _grid()
+    ga, gb = scatter_grid()
+    points: list = []
+    store = _store(points, key=lambda row: tuple(row))
     plot: dict = {}
     for f in forms:
         plot[f] = {}
@@ -168,23 +184,40 @@ def _compute(alphas, names, forms, ranks, seed) -> dict:
             scale, swap = [], []
             for a in alphas:
                 p0, pa, ps = component_products(f, n, a, ga, gb)   # p0, the unscaled product, is the same for every α
-                scale.append([_r(v) for v in pa])
-                swap.append([_r(v) for v in ps])
-            plot[f][n] = {"x0": [_r(v) for v in p0], "scale": scale, "swap": swap}
+                scale.append(store([_r(v) for v in pa]))
+                swap.append(store([_r(v) for v in ps]))
+            plot[f][n] = {"x0": store([_r(v) for v in p0]), "scale": scale, "swap": swap}
     return {"alphas": alphas, "activations": names, "forms": forms, "ranks": ranks,
-            "seed": seed, "numbers": numbers, "plot": plot, "plane": _planes(alphas, names, forms)}
+            "seed": seed, "numbers": numbers, "points": points, "plot": plot,
+            "plane": _planes(alphas, names, forms)}
+
+
+def _store(items: list, key=lambda item: item):
+    """A function that appends an item to ``items`` unless an equal one is there, and
+    returns its index: each distinct item is stored once."""
+    where: dict = {}
+
+    def store(item) -> int:
+        k = key(item)
+        if k not in where:
+            where[k] = len(items)
+            items.append(item)
+        return where[k]
+    return store
+
+
+#: The grids of one stored frame, then their colour limits: see :func:`static_explorer_data`.
+FRAME_FIELDS = ("unit", "swap", "unit_at_1", "exchange_difference", "scaling_difference",
+                "maps_limit", "exchange_difference_limit", "scaling_difference_limit")
+#: The class of each heat map's SVG, in the order of :data:`~qkmlp.book.explorer_model.PLANE_PANELS`.
+PANEL_CLASSES = ("qkmlp-heat-unit", "qkmlp-heat-swap", "qkmlp-heat-diff",
+                 "qkmlp-heat-at1", "qkmlp-heat-unit-at-alpha", "qkmlp-heat-scale-diff")
 
 
 def _planes(alphas, names, forms) -> dict:
     grids: list[str] = []
-    where: dict[str, int] = {}
-
-    def store(text: str) -> int:
-        if text not in where:
-            where[text] = len(grids)
-            grids.append(text)
-        return where[text]
-
+    store = _store(grids)
+    blank = encode_plane(np.zeros((PLANE_N, PLANE_N)), 1.0)
     frames: dict = {}
     span = 2.0
     for f in forms:
@@ -192,13 +225,22 @@ def _planes(alphas, names, forms) -> dict:
         for n in names:
             rows = []
             for a in alphas:
-                p = exchange_plane(f, n, a, n=PLANE_N, span=span)
-                top = max(float(np.abs(p[k]).max()) for k in ("unit", "swap", "difference"))
-                scale = _r(top) if top > 0 else 1
-                rows.append([store(encode_plane(p["unit"], scale)), store(encode_plane(p["swap"], scale)), scale])
+                p = explorer_planes(f, n, a, n=PLANE_N, span=span)
+                lim = {k: (_r(v) if v > 0 else 0) for k, v in p["limits"].items()}
+                maps = lim["maps"] or 1
+                row = [store(encode_plane(p[k], maps)) for k in ("unit", "swap", "unit_at_1")]
+                for k in ("exchange_difference", "scaling_difference"):
+                    row.append(store(encode_plane(p[k], lim[k]) if lim[k] else blank))
+                rows.append(row + [maps, lim["exchange_difference"], lim["scaling_difference"]])
             frames[f][n] = rows
+    panels = [[cls, FRAME_FIELDS.index(key), FRAME_FIELDS.index("maps_limit" if limit == "maps" else limit + "_limit")]
+              for cls, (key, limit, _, _) in zip(PANEL_CLASSES, PLANE_PANELS)]
+    titles = {f: [panel[2 if f == "gated" else 3] for panel in PLANE_PANELS] for f in forms}
     return {"n": PLANE_N, "span": span, "levels": PLANE_LEVELS, "palette": _palette(),
-            "grids": grids, "frames": frames}
+            "grids": grids, "rows": dict(PLANE_ROWS), "titles": titles, "panels": panels,
+            "heads": [[row, FRAME_FIELDS.index(f"{row}_difference_limit"), FRAME_FIELDS.index("maps_limit")]
+                      for row in PLANE_ROWS],
+            "frames": frames}
 
 
 _CSS = """
@@ -219,7 +261,9 @@ _CSS = """
 #{uid} .qkmlp-plot svg {{ width: {panel}px; max-width: 100%; height: auto; }}
 #{uid} .qkmlp-note {{ color: #444; font-size: 0.9em; margin: 0.4em 0 0; overflow-wrap: break-word; }}
 #{uid} svg text {{ font-size: 12px; font-family: sans-serif; }}
-#{uid} .qkmlp-plane {{ display: flex; flex-wrap: wrap; gap: 0.3em 6px; justify-content: center; margin: 0.6em 0; }}
+#{uid} .qkmlp-plane {{ margin: 0.6em 0; }}
+#{uid} .qkmlp-plane-head {{ font-weight: 600; margin: 0.5em 0 0.2em; }}
+#{uid} .qkmlp-plane-row {{ display: flex; flex-wrap: wrap; gap: 0.3em 6px; justify-content: center; }}
 #{uid} .qkmlp-plane svg {{ max-width: 100%; height: auto; }}
 #{uid} .qkmlp-plane svg text {{ font-size: 12.7px; }}
 """
@@ -259,39 +303,53 @@ _JS = r"""
     panel.querySelector(".qkmlp-xlabel").textContent = xl;
     panel.querySelector(".qkmlp-ylabel").textContent = yl;
   }
-  var PL = D.plane, NP = PL.n, LV = PL.levels, CHARS = "__CHARS__", LEVEL = {};
+  var PL = D.plane, NP = PL.n, CHARS = "__CHARS__", LEVEL = {};
   for (var c = 0; c < CHARS.length; c++) { LEVEL[CHARS.charAt(c)] = c; }
-  function cells(cls) {  // the heat map's NP x NP rects, made once
-    var g = q(cls).querySelector(".qkmlp-cells"), out = [], x0 = +g.getAttribute("data-x"),
-        y0 = +g.getAttribute("data-y"), w = +g.getAttribute("data-cell"), ns = "http://www.w3.org/2000/svg";
+  var ns = "http://www.w3.org/2000/svg";
+  function rect(g, x, y, w, h, fill) {
+    var r = document.createElementNS(ns, "rect");
+    r.setAttribute("x", x); r.setAttribute("y", y); r.setAttribute("width", w); r.setAttribute("height", h);
+    if (fill) { r.setAttribute("fill", fill); }
+    g.appendChild(r);
+    return r;
+  }
+  function cells(svg) {  // the heat map's NP x NP rects and its colour bar's bands, made once
+    var g = svg.querySelector(".qkmlp-cells"), out = [], x0 = +g.getAttribute("data-x"),
+        y0 = +g.getAttribute("data-y"), w = +g.getAttribute("data-cell");
     for (var k = 0; k < NP * NP; k++) {
-      var r = document.createElementNS(ns, "rect"), row = Math.floor(k / NP), col = k % NP;
-      r.setAttribute("x", x0 + col * w); r.setAttribute("y", y0 + (NP - 1 - row) * w);
-      r.setAttribute("width", w); r.setAttribute("height", w);
-      g.appendChild(r); out.push(r);
+      var row = Math.floor(k / NP), col = k % NP;
+      out.push(rect(g, x0 + col * w, y0 + (NP - 1 - row) * w, w, w));
+    }
+    var bar = svg.querySelector(".qkmlp-cbar-bands"), bw = +bar.getAttribute("data-w") / PL.palette.length;
+    for (var b = 0; b < PL.palette.length; b++) {
+      rect(bar, (+bar.getAttribute("data-x") + b * bw).toFixed(2), bar.getAttribute("data-y"),
+           (bw + 0.3).toFixed(2), bar.getAttribute("data-h"), PL.palette[b]);
     }
     return out;
   }
-  var heat = {unit: cells("qkmlp-heat-unit"), swap: cells("qkmlp-heat-swap"), diff: cells("qkmlp-heat-diff")};
-  function paint(rects, level) {  // level(k): -LV..LV
-    for (var k = 0; k < rects.length; k++) { rects[k].setAttribute("fill", PL.palette[level(k) + LV]); }
+  var heat = PL.panels.map(function (pn) { var svg = q(pn[0]); return {svg: svg, rects: cells(svg), grid: pn[1], lim: pn[2]}; });
+  function sig(v, d) { return String(Number(v.toPrecision(d))); }
+  function heading(row, d, m) {
+    return PL.rows[row] + (d === 0 ? ": difference 0 everywhere"
+      : ": max |difference| = " + sig(d, 3) + " (" + sig(100 * d / m, 2) + " % of the maps' max)");
   }
   function plane(i) {
-    var f = PL.frames[form.value][act.value][i], u = PL.grids[f[0]], s = PL.grids[f[1]];
-    var lu = function (k) { return LEVEL[u.charAt(k)] - LV; }, ls = function (k) { return LEVEL[s.charAt(k)] - LV; };
-    paint(heat.unit, lu);
-    paint(heat.swap, ls);
-    paint(heat.diff, function (k) { return Math.max(-LV, Math.min(LV, lu(k) - ls(k))); });
-    var g = form.value === "gated";
-    q("qkmlp-heat-unit").querySelector(".qkmlp-heat-title").textContent = g ? "σ(αa)·(b/α)" : "σ((αa)(b/α))";
-    q("qkmlp-heat-swap").querySelector(".qkmlp-heat-title").textContent = g ? "swap: σ(b/α)·(αa)" : "swap: σ((b/α)(αa))";
-    q("qkmlp-cbar-hi").textContent = "+" + f[2].toPrecision(3);
-    q("qkmlp-cbar-lo").textContent = "−" + f[2].toPrecision(3);
+    var f = PL.frames[form.value][act.value][i], titles = PL.titles[form.value];
+    heat.forEach(function (h, k) {
+      var g = PL.grids[f[h.grid]], L = f[h.lim], t = function (c) { return h.svg.querySelector("." + c); };
+      for (var c = 0; c < h.rects.length; c++) { h.rects[c].setAttribute("fill", PL.palette[LEVEL[g.charAt(c)]]); }
+      t("qkmlp-heat-title").textContent = titles[k];
+      t("qkmlp-cbar-lo").textContent = L ? "−" + sig(L, 3) : "";
+      t("qkmlp-cbar-hi").textContent = L ? "+" + sig(L, 3) : "";
+      t("qkmlp-cbar-mid").textContent = L ? "0" : "0 everywhere";
+      t("qkmlp-cbar-bands").style.visibility = L ? "" : "hidden";   // no scale to show for a blank map
+    });
+    PL.heads.forEach(function (hd) { q("qkmlp-" + hd[0] + "-head").textContent = heading(hd[0], f[hd[1]], f[hd[2]]); });
   }
   function update() {
     var i = parseInt(slider.value, 10), a = D.alphas[i];
     var n = D.numbers[rank.value][form.value][act.value][i];
-    var p = D.plot[form.value][act.value];
+    var p = D.plot[form.value][act.value], R = D.points;
     q("qkmlp-alpha-value").textContent = fmtAlpha(a);
     q("qkmlp-scale-change").textContent = fmt(n[0]);
     q("qkmlp-swap-change").textContent = fmt(n[1]);
@@ -299,8 +357,8 @@ _JS = r"""
       (n[4] !== null && n[4] !== 0 ? "; predicted exactly " + fmt(n[4]) : "");
     q("qkmlp-swap-predicted").textContent = verdict(n[1], n[3]);
     var g = form.value === "gated";
-    draw(q("qkmlp-panel-scale"), p.x0, p.scale[i], g ? "σ(a)·b" : "σ(ab)", g ? "σ(αa)·(b/α)" : "σ((αa)(b/α))");
-    draw(q("qkmlp-panel-swap"), p.scale[i], p.swap[i], g ? "σ(αa)·(b/α)" : "σ((αa)(b/α))", g ? "σ(b/α)·(αa)" : "σ((b/α)(αa))");
+    draw(q("qkmlp-panel-scale"), R[p.x0], R[p.scale[i]], g ? "σ(a)·b" : "σ(ab)", g ? "σ(αa)·(b/α)" : "σ((αa)(b/α))");
+    draw(q("qkmlp-panel-swap"), R[p.scale[i]], R[p.swap[i]], g ? "σ(αa)·(b/α)" : "σ((αa)(b/α))", g ? "σ(b/α)·(αa)" : "σ((b/α)(αa))");
     plane(i);
   }
   [slider, act, form, rank].forEach(function (el) {
@@ -342,18 +400,18 @@ def _panel_svg(cls: str, title: str, npts: int) -> str:
 
 
 #: Layout of one heat map, in SVG units (= CSS px at natural size): cell size, left and
-#: top margin of the square, natural width and height. Two fit side by side in the
-#: explorer on a 390 px phone (about 335 px inside its border), three and the colour bar
-#: in one row at 1280 px.
-_CELL, _HX, _HY = 7, 34, 20
-_HW, _HH = _HX + _CELL * PLANE_N + 7, _HY + _CELL * PLANE_N + 33
-_CBAR_W = 66
+#: top margin of the square, natural width and height. Three fit side by side in the
+#: explorer's 666 px inside its border at 1280 px (a 688 px column), each map 170 px
+#: square; on a 390 px phone they stack, at natural size.
+_CELL, _HX, _HY = 10, 34, 20
+_SIDE = _CELL * PLANE_N
+_HW, _HH = _HX + _SIDE + 8, _HY + _SIDE + 62
 
 
-def _heat_svg(cls: str, title: str, span: float) -> str:
-    """One heat map: frame, diagonal a = b, ticks and labels; the script fills g.qkmlp-cells."""
-    side = _CELL * PLANE_N
-    x0, y0, x1, y1 = _HX, _HY, _HX + side, _HY + side
+def _heat_svg(cls: str, span: float) -> str:
+    """One heat map: frame, diagonal a = b, ticks, labels and a horizontal colour bar under
+    it (its own limits); the script fills g.qkmlp-cells, the bar's bands and the texts."""
+    x0, y0, x1, y1 = _HX, _HY, _HX + _SIDE, _HY + _SIDE
     t = f"{span:g}"
     # the end ticks sit inside the square's span, so the two "−2" at its corner stay apart
     ticks = (f'<text x="{x0}" y="{y1 + 13}" text-anchor="start">−{t}</text>'
@@ -362,38 +420,25 @@ def _heat_svg(cls: str, title: str, span: float) -> str:
              f'<text x="{x0 - 3}" y="{y1}" text-anchor="end">−{t}</text>'
              f'<text x="{x0 - 3}" y="{(y0 + y1) / 2 + 4}" text-anchor="end">0</text>'
              f'<text x="{x0 - 3}" y="{y0 + 9}" text-anchor="end">{t}</text>')
+    by = y1 + 35
+    bar = (f'<g class="qkmlp-cbar-bands" data-x="{x0}" data-y="{by}" data-w="{_SIDE}" data-h="8" '
+           'shape-rendering="crispEdges"></g>'
+           f'<rect x="{x0}" y="{by}" width="{_SIDE}" height="8" fill="none" stroke="#999"/>'
+           f'<text class="qkmlp-cbar-lo" x="{x0}" y="{by + 21}" text-anchor="start"></text>'
+           f'<text class="qkmlp-cbar-mid" x="{(x0 + x1) / 2}" y="{by + 21}" text-anchor="middle"></text>'
+           f'<text class="qkmlp-cbar-hi" x="{x1}" y="{by + 21}" text-anchor="end"></text>')
     return (
         f'<svg class="qkmlp-heat {cls}" viewBox="0 0 {_HW} {_HH}" width="{_HW}" height="{_HH}" '
         'xmlns="http://www.w3.org/2000/svg" role="img" '
-        f'aria-label="{html.escape(title)} over the (a, b) plane, a = x·q across, b = x·k up">'
-        f'<text class="qkmlp-heat-title" x="{(x0 + x1) / 2}" y="{y0 - 6}" text-anchor="middle">'
-        f"{html.escape(title)}</text>"
+        'aria-label="one rank component over the (a, b) plane, a = x·q across, b = x·k up, with its colour scale">'
+        f'<text class="qkmlp-heat-title" x="{(x0 + x1) / 2}" y="{y0 - 6}" text-anchor="middle"></text>'
         f'<g class="qkmlp-cells" data-x="{x0}" data-y="{y0}" data-cell="{_CELL}" shape-rendering="crispEdges"></g>'
-        f'<rect x="{x0}" y="{y0}" width="{side}" height="{side}" fill="none" stroke="#999"/>'
+        f'<rect x="{x0}" y="{y0}" width="{_SIDE}" height="{_SIDE}" fill="none" stroke="#999"/>'
         f'<line x1="{x0}" y1="{y1}" x2="{x1}" y2="{y0}" stroke="#555" stroke-width="0.8" stroke-dasharray="3 3"/>'
         f"{ticks}"
         f'<text x="{(x0 + x1) / 2}" y="{y1 + 28}" text-anchor="middle">a = x·q</text>'
         f'<text transform="translate(10,{(y0 + y1) / 2}) rotate(-90)" text-anchor="middle">b = x·k</text>'
-        "</svg>"
-    )
-
-
-def _colorbar_svg(palette: Sequence[str]) -> str:
-    """The shared colour scale: one band per level, +scale at the top, −scale at the bottom."""
-    side = _CELL * PLANE_N
-    k = len(palette)
-    h = side / k
-    bands = "".join(f'<rect x="4" y="{_HY + side - (i + 1) * h:.2f}" width="12" height="{h + 0.3:.2f}" '
-                    f'fill="{c}"/>' for i, c in enumerate(palette))
-    return (
-        f'<svg class="qkmlp-colorbar" viewBox="0 0 {_CBAR_W} {_HH}" width="{_CBAR_W}" height="{_HH}" '
-        'xmlns="http://www.w3.org/2000/svg" role="img" aria-label="colour scale shared by the three heat maps">'
-        f'<g shape-rendering="crispEdges">{bands}</g>'
-        f'<rect x="4" y="{_HY}" width="12" height="{side}" fill="none" stroke="#999"/>'
-        f'<text class="qkmlp-cbar-hi" x="19" y="{_HY + 8}"></text>'
-        f'<text x="19" y="{_HY + side / 2 + 4}">0</text>'
-        f'<text class="qkmlp-cbar-lo" x="19" y="{_HY + side}"></text>'
-        "</svg>"
+        f"{bar}</svg>"
     )
 
 
@@ -435,7 +480,7 @@ def static_explorer_html(*, activation: Optional[str] = None, form: str = "gated
         data = static_explorer_data(alphas=grid, activations=names, forms=forms, ranks=ranks, seed=seed)
     i0 = data["alphas"].index(float(alpha))
     payload = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
-    npts = len(data["plot"][data["forms"][0]][data["activations"][0]]["x0"])
+    npts = len(data["points"][data["plot"][data["forms"][0]][data["activations"][0]]["x0"]])
 
     def options(values, selected):
         return "".join(
@@ -453,8 +498,10 @@ def static_explorer_html(*, activation: Optional[str] = None, form: str = "gated
     plots = (_panel_svg("qkmlp-panel-scale", "inverse scaling q→αq, k→k/α", npts)
              + _panel_svg("qkmlp-panel-swap", "swap q↔k (at α)", npts))
     span = data["plane"]["span"]
-    heat = (_heat_svg("qkmlp-heat-unit", "unit at α", span) + _heat_svg("qkmlp-heat-swap", "swap q↔k at α", span)
-            + _heat_svg("qkmlp-heat-diff", "unit − swap", span) + _colorbar_svg(data["plane"]["palette"]))
+    heat = "".join(
+        f'<p class="qkmlp-plane-head qkmlp-{row}-head"></p><div class="qkmlp-plane-row">'
+        + "".join(_heat_svg(cls, span) for cls in PANEL_CLASSES[3 * k:3 * k + 3]) + "</div>"
+        for k, row in enumerate(data["plane"]["rows"]))
     pn = data["plane"]["n"]
     about_rank = (
         " The transforms act on each rank component separately, so the two plots are the "
@@ -474,11 +521,14 @@ def static_explorer_html(*, activation: Optional[str] = None, form: str = "gated
     )
     plane_note = (
         "The heat maps draw one rank component's output over the (a, b) plane, a = x·q "
-        f"across and b = x·k up, on a {pn}×{pn} grid in [−{span:g}, {span:g}]²: the unit at α, "
-        "the unit with q and k swapped, and their difference, on one colour scale (orange "
-        "positive, purple negative, white 0). The dashed line is a = b; at α = 1 the swap is "
-        "the unit reflected in it. Where the exchange is a symmetry the two maps are equal "
-        "and the difference is white."
+        f"across and b = x·k up, on a {pn}×{pn} grid in [−{span:g}, {span:g}]²; orange positive, "
+        "purple negative, white 0. First row, the exchange: the unit at α, the unit with q and "
+        "k swapped, and their difference; the dashed line is a = b, and at α = 1 the swap is "
+        "the unit reflected in it. Second row, the scaling claim: the unit at α = 1, the unit "
+        "at α, and their difference, which is 0 everywhere exactly when σ(αz) = α σ(z). The "
+        "four maps of the unit and its swap share one colour scale; each difference has its "
+        "own, from −max to +max of its values, so that even a difference of 1 % of the maps "
+        "takes the darkest colours: read its size on its colour bar and in the row's heading."
     )
     return (
         f'<div class="qkmlp-static-explorer" id="{uid}">'

@@ -12,8 +12,9 @@ training goes on from the current weights, up to k times; the run stops on the p
 after the k-th drop. This is ReduceLROnPlateau: it lowers the noise floor a constant rate
 leaves (on fact recall twentyfold, though there the floor still falls with the rate: see
 the recall config). The drops depend on the validation curve only, never on
-``max_steps``, so a run that stops before its budget is the same run under any larger
-budget.
+``max_steps``, so with the constant schedule a run that stops before its budget is the
+same run under any larger budget; the cosine schedule reads ``max_steps`` at every step,
+so there a larger budget changes the run.
 """
 from __future__ import annotations
 

@@ -11,7 +11,8 @@
    comparison's spread over the random draw is known.
 
 ``python -m qkmlp.pretrained.robustness --out book/data/pretrained/robustness.json`` runs
-both on SmolLM2-135M (the stored file: about ten minutes on two CPU cores).
+both on SmolLM2-135M (the stored file took 400 s of wall time, one torch thread on a
+two-core AMD EPYC).
 """
 from __future__ import annotations
 

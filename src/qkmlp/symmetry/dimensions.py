@@ -132,8 +132,9 @@ def measure_symmetry(
     **How many inputs.** With ``n_inputs`` given, exactly that many. By default:
 
     - a smooth σ (every named activation but relu, leaky_relu and relu2, and a declared-linear
-      one): 2·n_params + 20 inputs (the layer is analytic in x, and the sampled outputs see
-      every direction the function can move in);
+      one): 2·n_params + 20 inputs (the layer is analytic in x: while the rank over the inputs
+      so far is below its value over all inputs, one more random input raises it almost surely,
+      so n_params inputs reach it in exact arithmetic; chapter 7 measures the margin);
     - a piecewise σ (relu, leaky_relu, relu2, and any plain callable, whose kinks are not
       known): the layer is a different polynomial on each cell cut out by the kinks σ's
       inputs cross at 0, and a direction seen on one narrow cell only is missed by random
@@ -325,11 +326,12 @@ def _kind(act) -> str:
         return "linear"
     if ACTIVATIONS.get(act.name) is not act:
         raise ValueError(
-            f"the symmetry counts are theorems only for the library's named activations "
-            f"({', '.join(ACTIVATIONS)}) and for linear σ; {act.name!r} is a plain callable, whose "
-            "class (homogeneous non-polynomial or strictly non-homogeneous, chapter 7) is not "
-            "known. Outside those classes the counts differ: σ(z) = z·log|z| or z + z² give "
-            "KeyValueMLP more symmetry directions. Measure it with symmetry_dimension instead."
+            f"the symmetry counts are predicted only for the library's named activations "
+            f"({', '.join(ACTIVATIONS)}) and for declared-linear σ; {act.name!r} is a plain callable, "
+            "whose class (homogeneous non-polynomial or strictly non-homogeneous, chapter 7) is not "
+            "known. Outside those classes no count is claimed, and a count can change or not: "
+            "σ(z) = z·log|z| gives KeyValueMLP(2, 3, 1) one direction where SiLU gives 0, but "
+            "KeyValueMLP(3, 2, 2) none, as SiLU does. Measure it with symmetry_dimension instead."
         )
     if act.homogeneity_degree is not None:
         return "homogeneous"
@@ -355,7 +357,7 @@ def _require_indefinite(layer: nn.Module) -> None:
         raise ValueError(
             f"{type(layer).__name__}: S_j = sym(A_j) is not indefinite for slot(s) {bad[:10]}; "
             "the count is proven only when every S_j is indefinite (a definite S_j makes a ReLU "
-            "slot dead or linear and the count larger). Measure it with symmetry_dimension, or "
+            "slot dead or linear, and the count can then be larger). Measure it with symmetry_dimension, or "
             "pass check_weights=False for the count at generic weights with indefinite S_j."
         )
 
@@ -387,12 +389,12 @@ def symmetry_breakdown(layer: nn.Module, *, check_weights: bool = True) -> dict[
       count.
     - BilinearAttentionMLP: m·d(d−1)/2 (antisymmetric part of A_j), plus m for homogeneous
       σ, or for linear σ the fiber of (S, V) ↦ Σ_j S_j ⊗ v_j (m² when m ≤ min(D, d_out)).
-      (S_j = sym(A_j).) ReLU-type σ needs every S_j indefinite (else the unit is dead or
-      linear).
+      (S_j = sym(A_j).) A non-linear σ needs every S_j indefinite (checked; for ReLU-type σ a
+      definite S_j makes the unit dead or linear).
     - SymmetricBilinearMLP: m·(2rd − dim of symmetric rank-min(2r, d) matrices), which is
       m·r(2r−1) (the group O(r, r)) when 2r ≤ d; plus m for non-linear homogeneous σ
-      (needs every S_j indefinite, automatic for r < d; for r ≥ d a definite S_j makes a
-      ReLU slot dead or linear and the count larger); for
+      (needs every S_j indefinite, automatic for r < d at generic weights; for r ≥ d a definite S_j makes a
+      ReLU slot dead or linear, and the count can then be larger); for
       linear σ plus the mixing of the S_j: when 2r ≥ d the full Σ_j S_j ⊗ v_j fiber; when
       2r < d and m ≤ min(d_out, D), m + m·max(0, m − 1 − k(k+1)/2) with k = d − 2r (the
       combinations of the other S_i that vanish on ker S_j); else no closed form here

@@ -14,9 +14,11 @@ condition*, read from the activation's declared properties (``is_linear``,
 means the theorems guarantee that the transform leaves the layer's function unchanged for
 every input and every weight. ``False`` means the declared properties do not guarantee it,
 not that the transform changes the function. For the ten named activations of
-:func:`qkmlp.get_activation` the converse of the theorems applies, and ``False`` does mean
-that some weights change (chapter "Symmetry breaking" measures a change above 1e-3 for
-random weights in every such case). For a custom σ it need not: the symmetrised gated layer
+:func:`qkmlp.get_activation` the converse of the theorems applies to the symmetric and gated
+forms, and to the exchange and the rescalings of the symmetrised gated form: there ``False``
+does mean that some weights change (chapters "Symmetry breaking" and "Rank r" measure a change
+above 1e-3 at random weights for the exchanges, rescalings and gauges they try); for the
+symmetrised form's gauge it is a sufficient condition only. For a custom σ it need not: the symmetrised gated layer
 with σ(z) = z·log|z| keeps every inverse scaling and every diagonal gauge, although
 σ(αz) = ασ(z) fails and the predicates say ``False``.
 
@@ -175,8 +177,9 @@ def scalar_rescaling_commutes(activation: Activation, alpha) -> bool:
     ``True`` for: α = 1; linear σ (any α); α = −1 and odd σ; α > 0 and σ positively
     homogeneous of degree 1. ``False`` otherwise, which for a custom σ only means the
     properties do not imply it: σ(z) = z(2 + sin(2π log₂|z|)) declares none of them and
-    still commutes with α = 2. For the ten named activations the answer is exact. (Every
-    α < 0 other than −1 needs σ odd and degree-1 homogeneous, that is linear.)
+    still commutes with α = 2, and, being odd, with α = −2. For the ten named activations the
+    answer is exact. (Of the declared properties, only linearity implies it for an α < 0 other
+    than −1; all α < 0 together force σ to be linear.)
     """
     a = _check_alpha(alpha)
     if a == 1.0 or activation.is_linear:
@@ -212,9 +215,10 @@ def rescaling_is_symmetry(layer, alpha) -> bool:
     odd σ (tanh), every α for linear σ. The gated form is invariant for all weights iff
     σ(αz) = ασ(z) for all z, so for the ten named activations ``False`` means some
     weights change; a custom σ may commute with one α without declaring a property that
-    implies it. A positively homogeneous σ of degree p ≠ 1 (squared ReLU) is never
-    invariant but changes the layer exactly: f becomes α^(p−1)·f for α > 0 and
-    x ↦ |α|^(p−1)·f(−x) for α < 0 (not a multiple of f for squared ReLU).
+    implies it. A positively homogeneous σ of degree p ≠ 1 (squared ReLU) is invariant for no
+    α > 0 but 1, and for α = −1 only if it is odd (z·|z|), but changes the layer exactly:
+    f becomes α^(p−1)·f for α > 0 and x ↦ |α|^(p−1)·f(−x) for α < 0 (not a multiple of f for
+    squared ReLU).
 
     The symmetrised gated form is invariant for all weights iff σ(αz) − ασ(z) = c·z for
     some constant c; this returns the gated answer, which implies it. For the ten named
