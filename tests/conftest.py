@@ -42,6 +42,10 @@ LAYERS = (KeyValueMLP, StaticQueryMLP, BilinearAttentionMLP, SymmetricBilinearML
           SymmetrizedGatedMLP)
 # Those with a rank (query_weight, key_weight, value and a rank= argument).
 RANK_R = (SymmetricBilinearMLP, GatedMLP, SymmetrizedGatedMLP)
+# Those with a fused path (qkmlp.functional's autograd functions and custom op): the tests of
+# that path (saved tensors, hand-written backward, compile, export, half precision) take these;
+# SymmetrizedGatedMLP computes its formula in plain autograd (tests/test_layers.py checks the split).
+FUSED = (SymmetricBilinearMLP, GatedMLP)
 
 
 def layer_cases(ranks=(1, 3)) -> list[tuple[type, int | None]]:

@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from conftest import FUSED
 from qkmlp import bench
 
 
@@ -100,10 +101,9 @@ def test_verdicts_need_the_interval_outside_the_aa_spread():
 
 def test_gemm_flops_match_costs_and_a_hand_count():
     from qkmlp import costs
-    from qkmlp.layers import GatedMLP, SymmetricBilinearMLP
 
     n, d, m = 7, 12, 20
-    for cls in (GatedMLP, SymmetricBilinearMLP):
+    for cls in FUSED:                                   # the layers the bench times
         layer = cls(d, m, device="meta")
         # costs counts the elementwise middle too (2m per token at rank 1)
         assert bench.gemm_flops(n, d, m) == n * (costs.flops_per_token(layer) - 2 * m)

@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qkmlp import GatedMLP, SymmetricBilinearMLP
+from conftest import FUSED
+from qkmlp import GatedMLP
 from qkmlp.bench import LlamaMLP, op_counts
 
 HALVES = [torch.bfloat16, torch.float16]
@@ -72,7 +73,7 @@ def test_half_gradients_equal_the_llama_mlp_and_are_close_to_float64(dtype):
         assert err_g <= 1.5 * err_l + 1e-3, (i, err_g, err_l)
 
 
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("cls", FUSED)
 def test_half_gradients_match_finite_differences_of_the_float64_formula(cls):
     """The bf16 backward is the derivative of the layer (checked in float64, where the
     same fused path runs; the half run must agree with it to half precision)."""

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch._functorch.config as functorch_config
 
+from conftest import FUSED, RANK_R
 from qkmlp import GatedMLP, SymmetricBilinearMLP, SymmetrizedGatedMLP
 from qkmlp import _fused_op
 from qkmlp import functional as fn
@@ -58,7 +59,7 @@ def _check(layer, backend, x, rtol=None, atol=None):
         torch.testing.assert_close(compiled(x), _plain(layer, x), rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("cls", FUSED)
 @pytest.mark.parametrize("act", fn.FUSED_ACTIVATIONS)
 def test_compiled_equals_plain_formula_every_activation(cls, act):
     """float64, rank 2, leading batch dims: output and every gradient."""
@@ -68,7 +69,7 @@ def test_compiled_equals_plain_formula_every_activation(cls, act):
     _check(layer, "aot_eager", x)
 
 
-@pytest.mark.parametrize("cls", list(REFERENCE))
+@pytest.mark.parametrize("cls", RANK_R)
 @pytest.mark.parametrize("rank", [1, 2])
 @pytest.mark.parametrize("act", ["silu", "gelu_tanh", "relu2"])
 def test_compiled_equals_plain_formula(cls, rank, act):
@@ -78,7 +79,7 @@ def test_compiled_equals_plain_formula(cls, rank, act):
     _check(layer, "aot_eager", x)
 
 
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("cls", FUSED)
 def test_compiled_float32(cls):
     torch.manual_seed(2)
     layer = cls(16, 12, rank=1)
@@ -182,7 +183,7 @@ def _per_token(saved, n):
     return sum(torch.Size(s).numel() // n for s, _ in saved if n in s)
 
 
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("cls", FUSED)
 @pytest.mark.parametrize("rank", [1, 2])
 def test_compiled_graph_saves_what_eager_saves(cls, rank):
     """The goal: under inductor's partitioner the layer keeps x and [a; b], d + 2mr

@@ -3,6 +3,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from conftest import RANK_R
 from qkmlp import BilinearAttentionMLP, GatedMLP, KeyValueMLP, StaticQueryMLP, SymmetricBilinearMLP
 from qkmlp.costs import flops_per_token, parameter_count
 from qkmlp.training import fit
@@ -38,7 +39,7 @@ def test_parameter_counts_in_closed_form():
     assert parameter_count(KeyValueMLP(D, M, O)) == M * D + M * O
     assert parameter_count(StaticQueryMLP(D, M, O)) == D * D + M * D + M * O
     assert parameter_count(BilinearAttentionMLP(D, M, O)) == M * D * D + M * O
-    for cls in (SymmetricBilinearMLP, GatedMLP):
+    for cls in RANK_R:
         assert parameter_count(cls(D, M, O, rank=r)) == 2 * M * r * D + M * O
 
 

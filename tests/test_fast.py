@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import LAYERS, RANK_R
+from conftest import FUSED, LAYERS, RANK_R
 from qkmlp import functional as fn
 from qkmlp import (
     BilinearAttentionMLP,
@@ -17,7 +17,6 @@ from qkmlp import (
     KeyValueMLP,
     StaticQueryMLP,
     SymmetricBilinearMLP,
-    SymmetrizedGatedMLP,
     activation_names,
     get_activation,
 )
@@ -25,7 +24,7 @@ from qkmlp.bench import LlamaMLP, saved_bytes
 
 import reference as R
 
-FACTORED = [(GatedMLP, R.gated), (SymmetricBilinearMLP, R.symmetric)]
+FACTORED = [(cls, {GatedMLP: R.gated, SymmetricBilinearMLP: R.symmetric}[cls]) for cls in FUSED]
 ALL = LAYERS
 
 
@@ -57,7 +56,7 @@ def test_fused_matches_plain_autograd_float64(cls, ref, act, rank):
     torch.testing.assert_close(got[0], ref(x, fast.query, fast.key, fast.value, get_activation(act)))
 
 
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("cls", FUSED)
 @pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh", "tanh", "softplus", "sigmoid"])
 def test_fused_backward_gradcheck(cls, act):
     """The hand-written backward against finite differences (smooth activations)."""
@@ -99,7 +98,7 @@ def test_inference_path_leaves_weights_and_input_alone(cls, ref, act):
     assert torch.equal(x, before[1])
 
 
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("cls", FUSED)
 @pytest.mark.parametrize("rank", [1, 4])
 def test_float32_gradients_close_to_float64(cls, rank):
     fast, _ = _pair(cls, "silu", rank, d=16, m=12, d_out=10, dtype=torch.float32)
@@ -112,7 +111,7 @@ def test_float32_gradients_close_to_float64(cls, rank):
         torch.testing.assert_close(g, w.float(), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("cls", FUSED)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rank", [1, 2])
 def test_half_dtypes_run_the_middle_in_their_own_dtype(cls, dtype, rank):
@@ -144,7 +143,7 @@ def test_half_dtypes_run_the_middle_in_their_own_dtype(cls, dtype, rank):
         assert err < 3e-2, err
 
 
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("cls", FUSED)
 def test_autocast_bfloat16(cls):
     torch.manual_seed(5)
     layer = cls(16, 12, 8, rank=2)
@@ -203,7 +202,7 @@ def _activation_bytes(layer, x):
     return saved_bytes(lambda: layer(x), list(layer.parameters()))
 
 
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("cls", FUSED)
 @pytest.mark.parametrize("rank", [1, 2, 8])
 def test_saves_only_input_and_preactivations(cls, rank):
     n, d, m = 32, 16, 24
@@ -243,7 +242,7 @@ def test_from_linear_matches_llama_mlp_with_gradients():
     torch.testing.assert_close(gv, gd.T)
 
 
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP, SymmetrizedGatedMLP])
+@pytest.mark.parametrize("cls", RANK_R)
 def test_views_write_through_and_deepcopy(cls):
     layer = cls(4, 3, rank=2)
     assert [n for n, _ in layer.named_parameters()] == ["query_weight", "key_weight", "value"]
@@ -290,7 +289,7 @@ def test_fused_function_rejects_bad_input():
         fn.activation_backward("nope", torch.zeros(1), torch.zeros(1), torch.zeros(1))
 
 
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("cls", FUSED)
 @pytest.mark.parametrize("act", ["silu", "relu", "tanh", "identity"])
 def test_torch_func_transforms_and_forward_mode(cls, act):
     """torch.func.grad / vmap / jacrev and forward-mode AD agree with the plain path."""
@@ -345,7 +344,7 @@ def test_double_backward(f):
     assert torch.autograd.gradgradcheck(lambda x, q, k, v: f(x, q, k, v, "silu"), (x, q, k, v))
 
 
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("cls", FUSED)
 def test_compiled_inference_path_matches_eager(cls):
     """Without autograd the compiled layer takes the out-of-place path; same numbers."""
     torch.manual_seed(3)
@@ -381,7 +380,7 @@ def _input(layout, n, d, dtype, gen):
 
 @st.composite
 def fast_cases(draw):
-    cls = draw(st.sampled_from([GatedMLP, SymmetricBilinearMLP, SymmetrizedGatedMLP]))
+    cls = draw(st.sampled_from(RANK_R))
     sizes = [draw(st.integers(1, n)) for n in (6, 5, 3, 4, 5)]   # d, m, r, d_out, N
     return (cls, *sizes, draw(st.sampled_from([torch.float32, torch.float64, torch.bfloat16])),
             draw(st.sampled_from(activation_names())), draw(st.sampled_from(LAYOUTS)),
@@ -420,7 +419,7 @@ def test_property_fast_path_equals_plain_path(case):
 
 # --- numerics are pinned: the float32 fast path is this sequence of torch ops -----------------
 
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("cls", FUSED)
 def test_float32_rank1_fast_path_is_the_documented_op_sequence(cls):
     """Bit for bit: forward a = xQᵀ, b = xKᵀ, h = σ(a)·b (gated) or σ(a·b), y = hV; backward
     dh = dy·Vᵀ, torch's own σ-backward kernel, dx = da·Q then += db·K (one addmm_),

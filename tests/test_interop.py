@@ -17,7 +17,7 @@ from torch import nn
 from torch.nn.utils import parametrizations as P
 from torch.nn.utils import parametrize
 
-from conftest import RANK_R, layer_cases
+from conftest import LAYERS as ALL_LAYERS, RANK_R, layer_cases
 from qkmlp import (
     BilinearAttentionMLP,
     GatedMLP,
@@ -74,7 +74,7 @@ def test_jit_trace_equals_eager_on_new_inputs_with_and_without_grad(cls, rank, t
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
-@pytest.mark.parametrize("cls", [KeyValueMLP, GatedMLP])
+@pytest.mark.parametrize("cls", ALL_LAYERS)
 def test_jit_script_is_unsupported_as_documented(cls):
     """The docs say torch.jit.script is unsupported; if it ever compiles, they must change."""
     with pytest.raises(Exception):
@@ -142,6 +142,7 @@ def test_jagged_nested_scores_projections_and_coefficients():
         torch.testing.assert_close(c, F.relu(xi @ kv.key.T))
 
 
+# every other (layer, rank) case: the refusal is the input check all layers share
 @pytest.mark.parametrize("cls,rank", LAYERS[::2], ids=IDS[::2])
 def test_a_strided_nested_tensor_is_refused_naming_the_jagged_layout(cls, rank):
     layer = _make(cls, rank)
@@ -264,6 +265,7 @@ def test_functional_runs_any_other_callable_as_the_plain_formula(f, ref, act):
 
 # --- refused dtypes ----------------------------------------------------------------------
 
+# every other (layer, rank) case: the refusal is the input check all layers share
 @pytest.mark.parametrize("cls,rank", LAYERS[::2], ids=IDS[::2])
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128, torch.int64, torch.bool])
 def test_complex_and_integer_dtypes_are_refused_at_construction(cls, rank, dtype):

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import qkmlp
-from conftest import LAYERS, RANK_R, layer_cases
+from conftest import FUSED, LAYERS, RANK_R, layer_cases
 from qkmlp import (
     BilinearAttentionMLP,
     GatedMLP,
@@ -55,13 +55,14 @@ def test_forward_matches_formula(cls, rank, activation, lead):
 
 def test_the_tests_list_of_layers_is_the_library_s():
     """tests/conftest.py's LAYERS, which every test module uses, holds every public layer
-    class of qkmlp.layers, and RANK_R those that take rank=."""
+    class of qkmlp.layers, RANK_R those that take rank= and FUSED those with a fused path."""
     import inspect
 
     public = {getattr(qkmlp.layers, n) for n in qkmlp.layers.__all__}
     assert set(LAYERS) == public and len(LAYERS) == len(public)
     takes_rank = {c for c in public if "rank" in inspect.signature(c).parameters}
     assert set(RANK_R) == takes_rank
+    assert set(FUSED) == {c for c in RANK_R if c._fused is not None}
 
 
 def test_parameter_shapes_follow_the_contract():
@@ -72,7 +73,7 @@ def test_parameter_shapes_follow_the_contract():
     assert (sq.query.shape, sq.key.shape, sq.value.shape) == ((D, D), (M, D), (M, O))
     ba = make(BilinearAttentionMLP)
     assert (ba.interaction.shape, ba.value.shape) == ((M, D, D), (M, O))
-    for cls in (SymmetricBilinearMLP, GatedMLP):
+    for cls in RANK_R:
         layer = make(cls, r)
         assert (layer.query.shape, layer.key.shape, layer.value.shape) == ((M, r, D), (M, r, D), (M, O))
         assert layer.rank == r
@@ -235,13 +236,13 @@ def test_integer_input_is_rejected(cls, rank):
         layer(torch.ones(3, D, dtype=torch.int64))
 
 
-@pytest.mark.parametrize("cls", [KeyValueMLP, GatedMLP, SymmetricBilinearMLP, BilinearAttentionMLP, StaticQueryMLP])
+@pytest.mark.parametrize("cls", LAYERS)
 def test_unknown_activation_is_rejected_with_the_valid_names(cls):
     with pytest.raises(ValueError, match="silu"):
         cls(D, M, activation="swishy")
 
 
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("cls", RANK_R)
 @pytest.mark.parametrize("rank", [0, -1, 1.5, True])
 def test_bad_rank_is_rejected(cls, rank):
     with pytest.raises(ValueError, match="rank"):

@@ -9,18 +9,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import RANK_R
+from conftest import LAYERS, RANK_R
 from qkmlp import (
     BilinearAttentionMLP,
     GatedMLP,
-    KeyValueMLP,
-    StaticQueryMLP,
     SymmetricBilinearMLP,
     SymmetrizedGatedMLP,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
 F64 = torch.float64
+# The layers whose forward flattens the tokens to (N, d), the dense form and the rank-r ones:
+# a trace of them is pinned to its number of dimensions. The key-value layers (one matmul on
+# the last axis) trace for every number.
+FLATTENING = (BilinearAttentionMLP,) + RANK_R
+KEY_VALUE = tuple(c for c in LAYERS if c not in FLATTENING)
 
 
 @pytest.mark.parametrize("cls", RANK_R, ids=lambda c: c.__name__)
@@ -56,7 +59,7 @@ def test_a_gated_state_dict_in_another_rank_r_class_copies_the_weights_not_the_f
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning",
                             "ignore::FutureWarning")
-@pytest.mark.parametrize("cls", (BilinearAttentionMLP,) + RANK_R, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", FLATTENING, ids=lambda c: c.__name__)
 @pytest.mark.parametrize("traced,called", [((6, 4), (2, 3, 4)), ((2, 3, 4), (6, 4)), ((2, 3, 4), (2, 2, 3, 4))])
 def test_a_trace_called_at_another_number_of_dimensions_is_refused(cls, traced, called):
     torch.manual_seed(0)
@@ -71,7 +74,7 @@ def test_a_trace_called_at_another_number_of_dimensions_is_refused(cls, traced, 
 
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning", "ignore::DeprecationWarning",
                             "ignore::FutureWarning")
-@pytest.mark.parametrize("cls", (KeyValueMLP, StaticQueryMLP), ids=lambda c: c.__name__)
+@pytest.mark.parametrize("cls", KEY_VALUE, ids=lambda c: c.__name__)
 def test_the_key_value_layers_trace_for_every_number_of_dimensions(cls):
     torch.manual_seed(0)
     layer = cls(4, 5, 3)

@@ -56,6 +56,19 @@ def test_models_that_declare_hidden_activation_convert_exactly(arch):
     torch.testing.assert_close(_logits(model), ref, rtol=1e-12, atol=1e-12)
 
 
+def test_the_declared_activation_is_read_in_from_mlp_s_order():
+    from qkmlp.pretrained.surgery import declared_activation
+
+    def model(**config):
+        return types.SimpleNamespace(config=types.SimpleNamespace(**config))
+
+    assert declared_activation(model(hidden_activation="gelu_pytorch_tanh", hidden_act="silu")) == (
+        "hidden_activation", "gelu_pytorch_tanh")
+    assert declared_activation(model(hidden_activation=None, hidden_act="silu")) == ("hidden_act", "silu")
+    assert declared_activation(model()) == (None, None)
+    assert declared_activation(types.SimpleNamespace()) == (None, None)      # no config at all
+
+
 def test_gemma3n_activation_sparsity_is_refused_not_converted():
     # a Gemma 3n layer with activation sparsity keeps only the top gate values before σ:
     # not a GatedMLP, and the conversion check says so

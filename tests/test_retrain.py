@@ -492,6 +492,10 @@ def test_partial_swap_arm_names_are_checked():
     with pytest.raises(ValueError, match="unknown arm"):
         R.build_arm(tiny_llama(), "swapped-f0.2")
     assert tiny_cfg(arm_blocks=[["gated", "swapped-f0.125"]])["arm_blocks"] == [["gated", "swapped-f0.125"]]
+    # is_arm, which config and build_arm ask: arms and partial-swap names in, anything else out
+    assert all(core.is_arm(a) for a in ("gated", "symmetric", "swapped-f0.230", "swapped-f0.812+L1U83+L4U2"))
+    assert not any(core.is_arm(a) for a in ("sym", "swapped-f0.2", "swapped-f1.000", "swapped-f0.230+L1",
+                                          "swapped-f0.500+L4U2+L1U83", ""))
 
 
 def test_match_fraction_finds_the_start_of_a_target_arm():

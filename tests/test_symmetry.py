@@ -11,6 +11,7 @@ import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from conftest import RANK_R
 from qkmlp import (
     BilinearAttentionMLP,
     GatedMLP,
@@ -34,6 +35,10 @@ from qkmlp.symmetry import (
 
 F64 = torch.float64
 INVARIANT = 1e-9  # float64 round-off on these sizes is ~1e-15
+# The rank-r forms whose symmetry predicates the theorems make exact (iff). For the symmetrised
+# gated form gauge_is_symmetry is a sufficient condition only (its own test is below), so the
+# drawn 'must break' checks leave it out.
+THEOREM_FORMS = tuple(c for c in RANK_R if c is not SymmetrizedGatedMLP)
 BROKEN = 1e-3  # generic weights: a broken symmetry moves the output by far more
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -41,7 +46,7 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 
 @st.composite
 def factored_layers(draw, cls=None):
-    cls = cls or draw(st.sampled_from([SymmetricBilinearMLP, GatedMLP]))
+    cls = cls or draw(st.sampled_from(THEOREM_FORMS))
     d = draw(st.integers(2, 6))
     m = draw(st.integers(1, 4))
     r = draw(st.integers(1, 3))

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import LAYERS, RANK_R
+from conftest import FUSED, LAYERS, RANK_R
 from qkmlp import (
     BilinearAttentionMLP,
     GatedMLP,
@@ -82,7 +82,7 @@ _BLOCK_QKMLP = textwrap.dedent("""
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
 @pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("cls", FUSED)
 def test_an_exported_program_holds_aten_ops_and_loads_without_qkmlp(cls, grad, tmp_path):
     torch.set_num_threads(1)
     layer = _layer(cls, dtype=torch.float32, rank=1)

@@ -19,18 +19,18 @@ from torch import nn
 from torch.autograd import forward_ad as fwAD
 
 import reference as R
+from conftest import FUSED, RANK_R
 from qkmlp import GatedMLP, SymmetricBilinearMLP, SymmetrizedGatedMLP, activation_names
 from qkmlp import functional as fn
 from qkmlp.symmetry import rescaled, swapped
 
 FORMULA = {GatedMLP: R.gated, SymmetricBilinearMLP: R.symmetric, SymmetrizedGatedMLP: R.symmetrized}
-LAYERS = list(FORMULA)
 D, M, O, N = 3, 2, 2, 2
 TOL = {torch.float64: dict(rtol=1e-9, atol=1e-10), torch.float32: dict(rtol=2e-4, atol=2e-5)}
 
 MATRIX = [
     pytest.param(cls, act, rank, dtype, id=f"{cls.__name__}-{act}-r{rank}-{str(dtype)[6:]}")
-    for cls in LAYERS for act in activation_names() for rank in (1, 2)
+    for cls in RANK_R for act in activation_names() for rank in (1, 2)
     for dtype in (torch.float32, torch.float64)
 ]
 MATRIX64 = [p for p in MATRIX if p.values[3] is torch.float64]
@@ -193,13 +193,13 @@ def test_gradcheck_batched_and_forward_ad(cls, act, rank, dtype):
     _gradchecks(cls, act, rank, fast_mode=True)
 
 
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("cls", FUSED)
 def test_gradcheck_full_jacobians(cls):
     """The same checks entry by entry (slow mode), for one activation."""
     _gradchecks(cls, "gelu", 2, fast_mode=False)
 
 
-@pytest.mark.parametrize("cls", LAYERS)
+@pytest.mark.parametrize("cls", RANK_R)
 def test_gradient_through_a_plain_eager_graph_then_batched(cls):
     """A graph built in plain eager mode (the fused path), then differentiated with batched
     gradient outputs (autograd.grad(is_grads_batched=True) and torch.func.vmap of a vjp)."""
@@ -250,7 +250,7 @@ COPIES = {
 
 
 @pytest.mark.parametrize("how", list(COPIES))
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("cls", FUSED)
 @pytest.mark.parametrize("act", ["silu", "identity"])
 def test_copies_save_the_same_bytes_for_backward(cls, act, how):
     torch.manual_seed(0)
@@ -271,7 +271,7 @@ def test_an_activation_wrapping_a_registered_function_is_fused():
     assert not fn.supports_fused(get_activation(lambda z: torch.nn.functional.silu(z)))
 
 
-@pytest.mark.parametrize("cls", [GatedMLP, SymmetricBilinearMLP])
+@pytest.mark.parametrize("cls", FUSED)
 def test_torch_func_inside_torch_compile(cls):
     """torch.compile of a gradient penalty taken with torch.func (the fast path must step
     aside while compiling too), and torch.func.hessian of a compiled layer."""

@@ -42,11 +42,11 @@ the bare-GEMM floor), :mod:`~qkmlp.bench.timing` (the interleaved harness),
 from __future__ import annotations
 
 from .cli import main, store_path
-from .machine import _git_commit, machine_info
+from .machine import loadavg, machine_info
 from .memory import (allocator_settings, bench_stack, compiled_saved_tensors, saved_bytes, set_allocator,
                      stack_ratios, stack_step_peak)
 from .ops import CONVERSION_OPS, ELEMENTWISE_OPS, op_counts
-from .references import LlamaMLP, ResidualBlock, SiLUMul, liger_style_mlp, make_mlp
+from .references import LlamaMLP, ResidualBlock, SiLUMul, floor_gemms, liger_style_mlp, liger_swiglu, make_mlp
 from .report import format_paired, format_report
 from .roofline import (ROOFLINE_KINDS, bench_roofline, forward_bytes, gemm_flops, machine_peak, roofline_point,
                        roofline_rows)
@@ -58,6 +58,8 @@ __all__ = [
     "LlamaMLP",
     "SiLUMul",
     "liger_style_mlp",
+    "liger_swiglu",
+    "floor_gemms",
     "saved_bytes",
     "compiled_saved_tensors",
     "time_interleaved",
@@ -75,6 +77,7 @@ __all__ = [
     "run",
     "format_report",
     "machine_info",
+    "loadavg",
     "set_allocator",
     "allocator_settings",
     "op_counts",

@@ -10,20 +10,15 @@ import torch
 from ..runbase.provenance import git_state, machine, versions
 from .memory import allocator_settings
 
-__all__ = ["machine_info"]
+__all__ = ["machine_info", "loadavg"]
 
 
-def _loadavg() -> Optional[list]:
+def loadavg() -> Optional[list]:
     """The 1, 5 and 15 minute load averages, or None where the OS has none."""
     try:
         return list(os.getloadavg())
     except (OSError, AttributeError):
         return None
-
-
-def _git_commit() -> Optional[str]:
-    """The commit of the checkout (None outside git)."""
-    return git_state()["git_commit"]
 
 
 def machine_info(device="cpu") -> dict:
@@ -37,8 +32,8 @@ def machine_info(device="cpu") -> dict:
         "library_uncommitted_changes": git["git_dirty"],
         "allocator": allocator_settings(),
     }
-    if _loadavg() is not None:
-        info["loadavg"] = _loadavg()
+    if loadavg() is not None:
+        info["loadavg"] = loadavg()
     if torch.device(device).type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
         info["cuda"] = torch.version.cuda

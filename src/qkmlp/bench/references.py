@@ -18,7 +18,7 @@ from torch import nn
 
 from ..layers import GatedMLP, SymmetricBilinearMLP
 
-__all__ = ["LlamaMLP", "SiLUMul", "liger_style_mlp", "ResidualBlock", "make_mlp"]
+__all__ = ["LlamaMLP", "SiLUMul", "liger_style_mlp", "liger_swiglu", "ResidualBlock", "make_mlp", "floor_gemms"]
 
 
 class LlamaMLP(nn.Module):
@@ -65,7 +65,7 @@ def liger_style_mlp(llama: LlamaMLP) -> Callable[[torch.Tensor], torch.Tensor]:
     return f
 
 
-def _liger_swiglu(llama: LlamaMLP) -> Optional[Callable]:
+def liger_swiglu(llama: LlamaMLP) -> Optional[Callable]:
     """Liger-Kernel's fused SiLU·mul between the same three linears, if importable (CUDA only)."""
     try:
         from liger_kernel.ops.swiglu import LigerSiLUMulFunction  # type: ignore
@@ -101,7 +101,7 @@ def make_mlp(kind: str, d: int, m: int, **fk) -> nn.Module:
     raise ValueError(f"kind must be llama_mlp, gated_mlp or symmetric_mlp, got {kind!r}")
 
 
-def _floor_gemms(x, gy, h, ga, gb, w_q, w_k, v):
+def floor_gemms(x, gy, h, ga, gb, w_q, w_k, v):
     """The bare GEMMs of (ch10-eq-two-gemms) as two closures: forward (x·Qᵀ and x·Kᵀ by
     halves, H·V) and forward + backward (also dH, dW_qk by halves, dX, dV). Shapes: x, gy
     (N, d); h, ga, gb (N, m); w_q, w_k (m, d); v (m, d)."""

@@ -12,8 +12,8 @@ from typing import Optional
 
 import torch
 
-from .machine import _loadavg
-from .references import _floor_gemms, make_mlp
+from .machine import loadavg
+from .references import floor_gemms, make_mlp
 from .timing import at_threads, fwd_bwd, time_interleaved
 
 __all__ = ["ROOFLINE_KINDS", "gemm_flops", "forward_bytes", "machine_peak", "roofline_point",
@@ -118,7 +118,7 @@ def roofline_point(d: int = 512, m: int = 1376, n: int = 2048, *, threads=(1, 2)
         w_q, w_k = gated.query_weight.detach(), gated.key_weight.detach()
         v = gated.value.detach()
 
-        floor, floor_fwd_bwd = _floor_gemms(x, gy, h, ga, gb, w_q, w_k, v)
+        floor, floor_fwd_bwd = floor_gemms(x, gy, h, ga, gb, w_q, w_k, v)
 
         fwd = {"floor_gemms": floor}
         fwd.update({k: (lambda mod=mod: mod(x)) for k, mod in mods.items()})
@@ -150,7 +150,7 @@ def roofline_point(d: int = 512, m: int = 1376, n: int = 2048, *, threads=(1, 2)
                                          for k in ROOFLINE_KINDS[1:]} for p in med},
                "vs_llama": {p: {k: med[p][k] / med[p]["llama_mlp"] for k in ROOFLINE_KINDS
                                 if k != "llama_mlp"} for p in med},
-               "loadavg": _loadavg()}
+               "loadavg": loadavg()}
         outs.append(out)
     return outs
 
@@ -183,7 +183,7 @@ def bench_roofline(d: int = 512, m: int = 1376, n: int = 2048, *, ns=(256, 512, 
     return {"config": {"d": d, "m": m, "n": n, "ns": list(ns), "ms": list(ms), "threads": list(threads),
                        "reps": reps, "peak_reps": peak_reps, "peak_size": peak_size,
                        "peak_elems": peak_elems, "dtype": str(dtype).replace("torch.", "")},
-            "peak_runs": [before, after], "peak": peak, "points": pts, "loadavg_end": _loadavg()}
+            "peak_runs": [before, after], "peak": peak, "points": pts, "loadavg_end": loadavg()}
 
 
 def roofline_rows(roof: dict, *, threads: Optional[int] = None, n: Optional[int] = None,

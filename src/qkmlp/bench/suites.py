@@ -8,10 +8,10 @@ from typing import Optional
 import torch
 
 from ..layers import BilinearAttentionMLP, GatedMLP, SymmetricBilinearMLP
-from .machine import _loadavg, machine_info
+from .machine import loadavg, machine_info
 from .memory import bench_stack, saved_bytes
 from .ops import counts_only
-from .references import LlamaMLP, _floor_gemms, _liger_swiglu
+from .references import LlamaMLP, floor_gemms, liger_swiglu
 from .roofline import bench_roofline
 from .stats import TARGETS, paired_ratio, verdict
 from .timing import fwd_bwd, time_interleaved
@@ -31,7 +31,7 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
     timing starts; the bare-GEMM floor stays eager.
     """
     device = torch.device(device)
-    load_start = _loadavg()
+    load_start = loadavg()
     g = torch.Generator(device="cpu").manual_seed(seed)
     fk = {"device": device, "dtype": dtype}
     torch.manual_seed(seed)
@@ -51,7 +51,7 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
 
     ga, gb = torch.randn(2, n, m, generator=g).to(**fk)
 
-    floor, floor_fwd_bwd = _floor_gemms(x, gy, h, ga, gb, w_q, w_k, v)
+    floor, floor_fwd_bwd = floor_gemms(x, gy, h, ga, gb, w_q, w_k, v)
 
     mods = {"llama_mlp": (llama, list(llama.parameters())),
             "llama_mlp_copy": (llama_copy, list(llama_copy.parameters())),
@@ -59,7 +59,7 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
             "symmetric_mlp": (sym, list(sym.parameters()))}
     layers = [k for k in LAYERS if k in mods]
     fwd = {"floor_gemms": floor}
-    liger = _liger_swiglu(llama) if device.type == "cuda" else None
+    liger = liger_swiglu(llama) if device.type == "cuda" else None
     if liger is not None:
         mods["liger_swiglu"] = (liger, list(llama.parameters()))
     if compile_backend:
@@ -138,7 +138,7 @@ def bench_headline(d: int = 512, m: int = 1376, n: int = 2048, *, dtype=torch.fl
                    "reps_fwd": reps, "reps_fwd_bwd": reps, "compile_backend": compile_backend},
         "forward": t_fwd, "forward_backward": t_fb, "saved_bytes": mem, "ratios": ratios,
         "ratios_of_minima": ratios_of_minima, "paired_ratios": paired, "verdicts": verdicts,
-        "loadavg_start": load_start, "loadavg_end": _loadavg(),
+        "loadavg_start": load_start, "loadavg_end": loadavg(),
     }
 
 

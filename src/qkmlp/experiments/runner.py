@@ -89,14 +89,6 @@ IMPORT_COMMIT = IMPORT_GIT["git_commit"] or "unknown"
 IMPORT_DIRTY = IMPORT_GIT["git_dirty"]
 
 
-def _versions() -> dict:
-    return versions("scipy", "scikit-learn")
-
-
-def _hardware(device: torch.device) -> dict:
-    return machine(device)
-
-
 def _round(obj, digits: int = 5):
     """Round floats to ``digits`` significant digits, recursively (keeps the JSON small)."""
     if isinstance(obj, float):
@@ -348,9 +340,10 @@ def run_grid(task: str, seeds: Optional[Iterable[int]] = None, config: Optional[
     meta = {
         "task": task, "size": size, "description": t.description, "metric": t.metric,
         "higher_is_better": t.higher_is_better, "qkmlp_version": __version__,
-        "git_commit": IMPORT_COMMIT, "git_uncommitted_changes": IMPORT_DIRTY, "versions": _versions(),
+        "git_commit": IMPORT_COMMIT, "git_uncommitted_changes": IMPORT_DIRTY,
+        "versions": versions("scipy", "scikit-learn"),
         "torch_version": torch.__version__, "python": platform.python_version(), "device": str(dev),
-        "hardware": _hardware(dev), "seeds": seeds, "tune_seeds": tune_seeds, "lrs": lrs, "world_size": world,
+        "hardware": machine(dev), "seeds": seeds, "tune_seeds": tune_seeds, "lrs": lrs, "world_size": world,
         "wall_s": time.perf_counter() - start, "run_wall_s_total": sum(r["wall_s"] for r in runs + tune_runs),
         "runs_computed_here": exchange.computed, "runs_reused_from_budgets_here": exchange.reused,
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -107,7 +107,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     from .. import __version__
-    from .runner import IMPORT_COMMIT, IMPORT_DIRTY, _hardware, _versions
+    from ..runbase.provenance import machine, versions
+    from .runner import IMPORT_COMMIT, IMPORT_DIRTY
 
     widths = [int(w) for w in args.widths.split(",")]
     t0 = time.perf_counter()
@@ -115,8 +116,8 @@ def main(argv=None) -> int:
     res["meta"] = {"command": " ".join(["python -m qkmlp.experiments.width", *(argv if argv is not None else
                                                                                sys.argv[1:])]),
                    "qkmlp_version": __version__, "git_commit": IMPORT_COMMIT,
-                   "git_uncommitted_changes": IMPORT_DIRTY, "versions": _versions(),
-                   "hardware": _hardware(torch.device("cpu")), "python": platform.python_version(),
+                   "git_uncommitted_changes": IMPORT_DIRTY, "versions": versions("scipy", "scikit-learn"),
+                   "hardware": machine("cpu"), "python": platform.python_version(),
                    "wall_s": round(time.perf_counter() - t0, 1),
                    "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

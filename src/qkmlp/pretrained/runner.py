@@ -32,7 +32,7 @@ from ..runbase.records import load_record, save_record
 from .anatomy import cos_histogram, pair_geometry, shuffled_pairs, summarise
 from .heldout import heldout_windows
 from .probes import gauge_statistics, weight_probes
-from .surgery import (Q4_BLOCK, _declared_activation, decoder_layers, gated_mlps, mlps_replaced, q4_steps,
+from .surgery import (Q4_BLOCK, declared_activation, decoder_layers, gated_mlps, mlps_replaced, q4_steps,
                       with_q4_noise)
 from .textrun import expand, key, layer_part, merge, prepare, spearman, unit_part
 
@@ -383,7 +383,7 @@ def run(*, model=None, tokenizer=None, model_path=None, texts: Union[Sequence[st
     result = {"meta": {}, "config": config}
     result["model"] = {"architecture": type(model).__name__, "n_layers": n_layers, "d_model": cfg.hidden_size,
                        "d_hidden": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
-                       "hidden_act": _declared_activation(model)[1], "n_parameters": sum(p.numel() for p in model.parameters())}
+                       "hidden_act": declared_activation(model)[1], "n_parameters": sum(p.numel() for p in model.parameters())}
 
     parts = max(1, layer_parts if layer_parts is not None else 3 * jobs)
     job_list = []

@@ -52,7 +52,7 @@ from ..layers import GatedMLP, SymmetricBilinearMLP, SymmetrizedGatedMLP
 
 __all__ = ["VARIANTS", "PARAMETRISED", "NoMLP", "decoder_layers", "mlp_weights", "gated_mlps",
            "replace_mlps", "mlps_replaced", "use_gated_mlps", "tangent_slope", "variant",
-           "gauge_balanced", "Q4_BLOCK", "q4_steps", "with_q4_noise"]
+           "gauge_balanced", "declared_activation", "Q4_BLOCK", "q4_steps", "with_q4_noise"]
 
 #: The kinds :func:`variant` builds, in the order the chapter shows them.
 VARIANTS = ("gated", "none", "swap", "rescale", "toward_swap", "identity", "linear", "symmetrized",
@@ -79,7 +79,7 @@ def decoder_layers(model) -> nn.ModuleList:
     return layers
 
 
-def _declared_activation(model) -> tuple[Optional[str], Optional[str]]:
+def declared_activation(model) -> tuple[Optional[str], Optional[str]]:
     """``(attribute, name)`` of the activation ``model.config`` declares: ``hidden_activation``
     (Gemma 2, VaultGemma, Gemma 3n), then ``hidden_act`` (Llama, Qwen2, Gemma, Phi-3, ...),
     the order :func:`~qkmlp.activations.activation_of_mlp` (``GatedMLP.from_mlp``) reads;
@@ -93,7 +93,7 @@ def _declared_activation(model) -> tuple[Optional[str], Optional[str]]:
 
 
 def _hidden_act(model) -> str:
-    attr, act = _declared_activation(model)
+    attr, act = declared_activation(model)
     if act is None:
         raise ValueError("model.config declares no activation (neither hidden_activation nor hidden_act "
                          "is set): pass activation= explicitly")
@@ -168,7 +168,7 @@ def _checked_activation(model, activation, check: bool) -> str:
     if activation is None:
         return _hidden_act(model)
     act = get_activation(activation).name
-    attr, declared = _declared_activation(model)
+    attr, declared = declared_activation(model)
     try:
         declared_name = get_activation(declared).name if isinstance(declared, str) else None
     except ValueError:                      # a name qkmlp does not know: nothing to compare

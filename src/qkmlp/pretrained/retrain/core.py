@@ -26,7 +26,7 @@ from ...experiments.train import lr_at
 from ..heldout import heldout_windows, window_losses
 from ..surgery import decoder_layers, gated_mlps, replace_mlps, variant
 
-__all__ = ["ARMS", "PARTIAL_SWAP", "partial_swap_arm", "arm_units", "drawn_units", "plain_equivalent", "partially_swapped", "build_arm", "set_trainable", "TextData", "token_ids", "draw_starts", "batch_at", "train_loss",
+__all__ = ["ARMS", "PARTIAL_SWAP", "is_arm", "partial_swap_arm", "arm_units", "drawn_units", "plain_equivalent", "partially_swapped", "build_arm", "set_trainable", "TextData", "token_ids", "draw_starts", "batch_at", "train_loss",
            "eval_points", "evaluate", "train_run", "Interrupted"]
 
 #: The arms, and the :func:`~qkmlp.pretrained.surgery.variant` each builds from a trained
@@ -99,7 +99,9 @@ def plain_equivalent(arm: str, m: int) -> str:
     return plain if all(u in drawn_units(fraction, l, m) for l, u in units) else arm
 
 
-def _is_arm(arm: str) -> bool:
+def is_arm(arm: str) -> bool:
+    """Whether ``arm`` names an arm: a key of :data:`ARMS` or a partially swapped control
+    (:data:`PARTIAL_SWAP`)."""
     if arm in ARMS:
         return True
     try:
@@ -143,7 +145,7 @@ class Interrupted(RuntimeError):
 def build_arm(model, arm: str) -> list[nn.Module]:
     """Replace every MLP of ``model`` (in place) by ``arm``'s layer built from its trained
     weights, make those layers' weights trainable, and return them (in layer order)."""
-    if not _is_arm(arm):
+    if not is_arm(arm):
         raise ValueError(f"unknown arm {arm!r}; expected one of {', '.join(ARMS)}, or swapped-f0.xxx "
                          "(the control swapped in a fraction of its units), optionally +L<layer>U<unit>...")
     if arm not in ARMS:

@@ -40,7 +40,7 @@ from ...runbase.rates import choose_rate, grid_ratio, next_rate
 from ...runbase.records import RecordFolder, run_jobs
 from ..runner import PROMPTS, generations
 from ..texts import TEXTS, describe
-from .core import ARMS, TextData, _is_arm, evaluate, train_run
+from .core import ARMS, TextData, evaluate, is_arm, train_run
 
 __all__ = ["CODE_VERSION", "SIZES", "config", "run_key", "job_name", "Grid", "choose_lr", "assemble",
            "git_state"]
@@ -85,7 +85,7 @@ def config(size: str = "default", **overrides) -> dict:
         raise ValueError(f"unknown config keys {bad}; expected some of {sorted(cfg)}")
     cfg.update(overrides)
     arms = [a for block in cfg["arm_blocks"] for a in block]
-    if not all(_is_arm(a) for a in arms) or len(arms) != len(set(arms)) or "gated" not in arms:
+    if not all(is_arm(a) for a in arms) or len(arms) != len(set(arms)) or "gated" not in arms:
         raise ValueError(f"arm_blocks must list distinct arms of {list(ARMS)} (or swapped-f0.xxx), the control "
                          f"'gated' among them; got {cfg['arm_blocks']}")
     if set(cfg["seeds"]) & set(cfg["tune_seeds"]):
