@@ -1,6 +1,6 @@
 """Rerun one stored run of chapter 8 under torch's kernel sets and store what each gives.
 
-    python tests/rerun_across_kernels.py book/data/experiments/reruns/lm_compute_1500_gated_s20.json
+    python tools/rerun_across_kernels.py book/data/experiments/reruns/lm_compute_1500_gated_s20.json
 
 Each kernel set runs in its own process (``ATEN_CPU_CAPABILITY`` is read when torch loads):
 the native one, then ``default``. Chapter 8 reads the file and states the differences.
@@ -35,7 +35,7 @@ def main(out: str) -> None:
         res = subprocess.run([sys.executable, "-c", ONE], env=env, capture_output=True, text=True, check=True)
         rows[caps] = json.loads(res.stdout.strip().splitlines()[-1])
     rec = {"grid": GRID, "family": FAMILY, "seed": SEED, "metric": "test_loss",
-           "command": "python tests/rerun_across_kernels.py " + out, "kernels": rows}
+           "command": "python tools/rerun_across_kernels.py " + out, "kernels": rows}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(rec, indent=1) + "\n")
 
