@@ -316,7 +316,7 @@ class SymmetryExplorer:
         return self._layer
 
     def numbers(self) -> dict:
-        """Current measurements (see :func:`measure`) plus the control values."""
+        """Current measurements (see :func:`qkmlp.book.explorer_model.measure`) plus the control values."""
         out = measure(self.layer, self.x, self.alpha.value)
         out.update(alpha=self.alpha.value, activation=self.activation.value,
                    form=self.form.value, rank=self.rank.value)

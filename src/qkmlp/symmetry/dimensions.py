@@ -327,9 +327,9 @@ def _kind(act) -> str:
     if ACTIVATIONS.get(act.name) is not act:
         raise ValueError(
             f"the symmetry counts are predicted only for the library's named activations "
-            f"({', '.join(ACTIVATIONS)}) and for declared-linear σ; {act.name!r} is a plain callable, "
-            "whose class (homogeneous non-polynomial or strictly non-homogeneous, chapter 7) is not "
-            "known. Outside those classes no count is claimed, and a count can change or not: "
+            f"({', '.join(ACTIVATIONS)}) and for declared-linear σ; {act.name!r} is not one of them, and "
+            "its class (homogeneous non-polynomial or strictly non-homogeneous, chapter 7) is not "
+            "checked from what it declares. Outside those classes no count is claimed, and a count can change or not: "
             "σ(z) = z·log|z| gives KeyValueMLP(2, 3, 1) one direction where SiLU gives 0, but "
             "KeyValueMLP(3, 2, 2) none, as SiLU does. Measure it with symmetry_dimension instead."
         )
