@@ -113,28 +113,60 @@ def screen_units(model, data, *, eval_batch: int = 8) -> dict:
     :func:`~qkmlp.pretrained.units.unit_swap_costs` on the validation windows, the
     predicted change weighted so that it is a change of the validation *mean* (each text's
     windows averaged, then the texts)."""
-    from ..heldout import layer_inputs
     from ..surgery import gated_mlps
-    from ..units import mlp_output_grads, unit_swap_costs
 
     gs = gated_mlps(model)
-    layers = list(range(len(gs)))
-    predicted = [torch.zeros(g.d_hidden, dtype=torch.float64) for g in gs]
-    sq = [torch.zeros(g.d_hidden, dtype=torch.float64) for g in gs]
-    fsq = [0.0] * len(gs)
+    predicted, local = _screen(model, gs, data, eval_batch, lambda l, x, grad: _swap_costs(gs[l], x, grad))
+    return {"predicted": predicted, "local": local}
+
+
+def _swap_costs(g, x, grad) -> tuple:
+    """(predicted (m,), ‖Δ[·, j]‖²·‖v_j‖² (m,), ‖f(x)‖²) of exchanging each unit of ``g``
+    alone (:func:`~qkmlp.pretrained.units.unit_swap_costs`)."""
+    from ..units import unit_swap_costs
+
+    c = unit_swap_costs(g, x, grad)
+    with torch.no_grad():
+        f2 = float((g(x.to(g.value.dtype)).double() ** 2).sum())
+    # local = ||Δ_j|| ||v_j|| / ||f||; its square times ||f||² pools over the texts
+    return c["predicted"], c["local"].double() ** 2 * f2, f2
+
+
+def _screen(model, layers, data, eval_batch: int, costs) -> tuple[list, list]:
+    """First-order screen of every unit of ``layers`` (the model's MLPs, or layers on their
+    weights) on the validation texts, run through ``model``: ``costs(l, x, grad)`` gives
+    layer l's (predicted (m,), squared change (m,), squared output) on one text's MLP
+    inputs x (n, L, d) and loss gradient at its output. Returns per layer ``predicted``
+    (m,), the mean over the texts (a change of the validation *mean*), and ``local`` (m,),
+    the unit's change relative to the layer's output, pooled over the texts."""
+    from ..heldout import layer_inputs
+    from ..units import mlp_output_grads
+
+    n = len(layers)
+    predicted = [torch.zeros(g.d_hidden, dtype=torch.float64) for g in layers]
+    sq = [torch.zeros(g.d_hidden, dtype=torch.float64) for g in layers]
+    fsq = [0.0] * n
     texts = _validation(data)
     for ids in texts.values():
-        grads = mlp_output_grads(model, ids, layers, batch_size=eval_batch)
+        grads = mlp_output_grads(model, ids, list(range(n)), batch_size=eval_batch)
         _, _, mlp_in = layer_inputs(model, ids, mlp_inputs=True)
-        for l, g in enumerate(gs):
-            c = unit_swap_costs(g, mlp_in[l], grads[l])
-            predicted[l] += c["predicted"] / len(texts)
-            # local = ||Δ_j|| ||v_j|| / ||f||; pool the squares over the texts
-            with torch.no_grad():
-                f2 = float((g(mlp_in[l].to(g.value.dtype)).double() ** 2).sum())
-            sq[l] += c["local"].double() ** 2 * f2
-            fsq[l] += f2
-    return {"predicted": predicted, "local": [(s / f).sqrt() for s, f in zip(sq, fsq)]}
+        for l in range(n):
+            p, s, f = costs(l, mlp_in[l], grads[l])
+            predicted[l] += p.double() / len(texts)
+            sq[l] += s
+            fsq[l] += f
+    return predicted, [(s / f).sqrt() for s, f in zip(sq, fsq)]
+
+
+def _check_top(top, n_select) -> None:
+    if not (isinstance(top, int) and top >= 1 and isinstance(n_select, int) and 1 <= n_select <= top):
+        raise ValueError(f"need ints top >= 1 and 1 <= n_select <= top, got top={top!r}, n_select={n_select!r}")
+
+
+def _ranks(by_pred: list, by_local: list, unit: tuple) -> dict:
+    """Where ``unit`` (layer, j) stands in each ranking (1 = first; None when not in it)."""
+    return {"rank_predicted": by_pred.index(unit) + 1 if unit in by_pred else None,
+            "rank_local": by_local.index(unit) + 1 if unit in by_local else None}
 
 
 def _top(scores: list, n: int) -> list[tuple[int, int]]:
@@ -162,8 +194,7 @@ def unit_search(model, data, *, top: int = 12, n_select: int = 1, symmetric_top:
     from ..surgery import gated_mlps, mlps_replaced
     from ..units import partially_swapped
 
-    if not (isinstance(top, int) and top >= 1 and isinstance(n_select, int) and 1 <= n_select <= top):
-        raise ValueError(f"need ints top >= 1 and 1 <= n_select <= top, got top={top!r}, n_select={n_select!r}")
+    _check_top(top, n_select)
     gs = gated_mlps(model)
     t0 = time.perf_counter()
     base = validation_start(model, data, eval_batch)
@@ -178,8 +209,7 @@ def unit_search(model, data, *, top: int = 12, n_select: int = 1, symmetric_top:
         with mlps_replaced(model, {l: partially_swapped(gs[l], [j])}):
             start = validation_start(model, data, eval_batch)
         rows.append({"layer": l, "unit": j, "predicted": float(s["predicted"][l][j]), "local": float(s["local"][l][j]),
-                     "rank_predicted": by_pred.index((l, j)) + 1 if (l, j) in by_pred else None,
-                     "rank_local": by_local.index((l, j)) + 1 if (l, j) in by_local else None,
+                     **_ranks(by_pred, by_local, (l, j)),
                      "start": start, "change": start - base})
         if log:
             log(f"layer {l}, unit {j}: exchanged alone, validation start {start:.4f} ({start - base:+.4f})")
@@ -208,15 +238,13 @@ def next_unit_search(model, data, control: str, *, top: int = 12, n_select: int 
     ``selected``, ``n_units`` (units screened: those the control leaves gated), ``wall_s``."""
     import copy
 
-    from ..heldout import layer_inputs
     from ..surgery import decoder_layers, gated_mlps, mlps_replaced
-    from ..units import mlp_output_grads, partially_swapped, unit_swap_costs
+    from ..units import partially_swapped
     from .core import PARTIAL_SWAP, build_arm
 
     if not (isinstance(control, str) and PARTIAL_SWAP.match(control)):
         raise ValueError(f"control must be a partially swapped control swapped-f0.xxx[+L<l>U<u>...], got {control!r}")
-    if not (isinstance(top, int) and top >= 1 and isinstance(n_select, int) and 1 <= n_select <= top):
-        raise ValueError(f"need ints top >= 1 and 1 <= n_select <= top, got top={top!r}, n_select={n_select!r}")
+    _check_top(top, n_select)
     t0 = time.perf_counter()
     gs = gated_mlps(model)
     bm = copy.deepcopy(model)
@@ -225,22 +253,7 @@ def next_unit_search(model, data, control: str, *, top: int = 12, n_select: int 
         layer.requires_grad_(False)
     free = [~(c.query_weight != g.query_weight).any(1) for c, g in zip(cl, gs)]     # units still gated
     base = validation_start(bm, data, eval_batch)
-    layers = list(range(len(gs)))
-    pred = [torch.zeros(g.d_hidden, dtype=torch.float64) for g in gs]
-    sq = [torch.zeros(g.d_hidden, dtype=torch.float64) for g in gs]
-    fsq = [0.0] * len(gs)
-    texts = _validation(data)
-    for ids in texts.values():
-        grads = mlp_output_grads(bm, ids, layers, batch_size=eval_batch)
-        _, _, mlp_in = layer_inputs(bm, ids, mlp_inputs=True)
-        for l, c in enumerate(cl):
-            r = unit_swap_costs(c, mlp_in[l], grads[l])
-            pred[l] += r["predicted"].double() / len(texts)
-            with torch.no_grad():
-                f2 = float((c(mlp_in[l].to(c.value.dtype)).double() ** 2).sum())
-            sq[l] += r["local"].double() ** 2 * f2
-            fsq[l] += f2
-    local = [(a / f) ** 0.5 for a, f in zip(sq, fsq)]
+    pred, local = _screen(bm, cl, data, eval_batch, lambda l, x, grad: _swap_costs(cl[l], x, grad))
     out_of_play = float("-inf")
     pred = [torch.where(m, p, out_of_play) for m, p in zip(free, pred)]
     local = [torch.where(m, v, out_of_play) for m, v in zip(free, local)]
@@ -254,8 +267,7 @@ def next_unit_search(model, data, control: str, *, top: int = 12, n_select: int 
         with mlps_replaced(bm, {l: partially_swapped(cl[l], [j])}):
             start = validation_start(bm, data, eval_batch)
         rows.append({"layer": l, "unit": j, "predicted": float(pred[l][j]), "local": float(local[l][j]),
-                     "rank_predicted": by_pred.index((l, j)) + 1 if (l, j) in by_pred else None,
-                     "rank_local": by_local.index((l, j)) + 1 if (l, j) in by_local else None,
+                     **_ranks(by_pred, by_local, (l, j)),
                      "start": start, "change": start - base})
         if log:
             log(f"layer {l}, unit {j}: exchanged as well, start {start:.4f} ({start - base:+.4f})")
@@ -338,17 +350,15 @@ def restore_search(model, data, *, base_arm: str = "symmetric", top: int = 12, n
     ``exchange_change``), ``selected``, ``n_units``, ``wall_s``."""
     import copy
 
-    from ..heldout import layer_inputs
     from ..surgery import decoder_layers, gated_mlps, mlps_replaced
-    from ..units import mlp_output_grads, partially_swapped
+    from ..units import partially_swapped
     from .core import build_arm
 
     forms = {"symmetric": "symmetric", "swapped": "swap"}
     if base_arm not in forms:
         raise ValueError(f"base_arm must be one of {sorted(forms)} (an arm whose units have a form in FORMS), "
                          f"got {base_arm!r}")
-    if not (isinstance(top, int) and top >= 1 and isinstance(n_select, int) and 1 <= n_select <= top):
-        raise ValueError(f"need ints top >= 1 and 1 <= n_select <= top, got top={top!r}, n_select={n_select!r}")
+    _check_top(top, n_select)
     old = forms[base_arm]
     t0 = time.perf_counter()
     gs = gated_mlps(model)
@@ -358,20 +368,12 @@ def restore_search(model, data, *, base_arm: str = "symmetric", top: int = 12, n
         layer.requires_grad_(False)
     trained = validation_start(model, data, eval_batch)
     base = validation_start(bm, data, eval_batch)
-    layers = list(range(len(gs)))
-    pred = [torch.zeros(g.d_hidden, dtype=torch.float64) for g in gs]
-    sq = [torch.zeros(g.d_hidden, dtype=torch.float64) for g in gs]
-    fsq = [0.0] * len(gs)
-    texts = _validation(data)
-    for ids in texts.values():
-        grads = mlp_output_grads(bm, ids, layers, batch_size=eval_batch)
-        _, _, mlp_in = layer_inputs(bm, ids, mlp_inputs=True)
-        for l, g in enumerate(gs):
-            c = _form_costs(g, mlp_in[l], grads[l], old, "gated")
-            pred[l] -= c["predicted"] / len(texts)          # a fall is positive
-            sq[l] += c["sq"]
-            fsq[l] += c["f_sq"]
-    local = [(a / f) ** 0.5 for a, f in zip(sq, fsq)]
+
+    def fall(l, x, grad):                           # a fall of the start is positive
+        c = _form_costs(gs[l], x, grad, old, "gated")
+        return -c["predicted"], c["sq"], c["f_sq"]
+
+    pred, local = _screen(bm, gs, data, eval_batch, fall)
     if log:
         log(f"screened {sum(len(p) for p in pred)} units at {base_arm} ({time.perf_counter() - t0:.0f} s); "
             f"its validation start {base:.4f}, the trained model's {trained:.4f}")
@@ -382,8 +384,7 @@ def restore_search(model, data, *, base_arm: str = "symmetric", top: int = 12, n
         with mlps_replaced(bm, {l: UnitForm(dl[l].mlp, gs[l], [j], old=old, new="gated")}):
             start = validation_start(bm, data, eval_batch)
         rows.append({"layer": l, "unit": j, "predicted_fall": float(pred[l][j]), "local": float(local[l][j]),
-                     "rank_predicted": by_pred.index((l, j)) + 1 if (l, j) in by_pred else None,
-                     "rank_local": by_local.index((l, j)) + 1 if (l, j) in by_local else None,
+                     **_ranks(by_pred, by_local, (l, j)),
                      "start": start, "fall": base - start})
         if log:
             log(f"layer {l}, unit {j}: gated again alone in {base_arm}, start {start:.4f} (fall {base - start:+.4f})")
