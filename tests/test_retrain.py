@@ -438,18 +438,24 @@ if __name__ == "__main__":
 
 # --- the distance-matched control (chapter 11) --------------------------------------------
 
-class PlainPartialSwap(nn.Module):
-    """σ(b)·a in the given units, σ(a)·b elsewhere, on the HF MLP's own weights."""
+PLAIN_FORMS = {"gated": lambda a, b: F.silu(a) * b, "swap": lambda a, b: F.silu(b) * a,
+               "symmetric": lambda a, b: F.silu(a * b)}
 
-    def __init__(self, mlp, units):
+
+class PlainUnits(nn.Module):
+    """Form ``mode`` in the given units and ``elsewhere`` in the others, on the HF MLP's own
+    weights: "gated" σ(a)·b, "swap" σ(b)·a, "symmetric" σ(a·b)."""
+
+    def __init__(self, mlp, units, mode="swap", elsewhere="gated"):
         super().__init__()
         self.gate, self.up, self.down = (copy.deepcopy(getattr(mlp, n).weight) for n in ("gate_proj", "up_proj", "down_proj"))
         self.mask = torch.zeros(self.gate.shape[0], dtype=torch.bool)
         self.mask[list(units)] = True
+        self.mode, self.elsewhere = PLAIN_FORMS[mode], PLAIN_FORMS[elsewhere]
 
     def forward(self, x):
         a, b = x @ self.gate.T, x @ self.up.T
-        return torch.where(self.mask, F.silu(b) * a, F.silu(a) * b) @ self.down.T
+        return torch.where(self.mask, self.mode(a, b), self.elsewhere(a, b)) @ self.down.T
 
 
 def test_partially_swapped_arm_is_the_plain_formula_with_fixed_nested_units(ids):
@@ -463,7 +469,7 @@ def test_partially_swapped_arm_is_the_plain_formula_with_fixed_nested_units(ids)
             # the draw the declaration states: randperm(m) from a generator seeded with the layer index
             u = torch.randperm(m, generator=torch.Generator().manual_seed(i))[:round(f * m)].tolist()
             units[f].append(set(u))
-            layer.mlp = PlainPartialSwap(layer.mlp, u)
+            layer.mlp = PlainUnits(layer.mlp, u)
         model = copy.deepcopy(hf)
         R.build_arm(model, core.partial_swap_arm(f))
         with torch.no_grad():

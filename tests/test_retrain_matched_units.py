@@ -13,8 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 pytest.importorskip("transformers", reason="transformers is pinned in requirements.txt")
 
@@ -22,7 +20,7 @@ from qkmlp.book import ch11_report as CR  # noqa: E402
 from qkmlp.pretrained import retrain as R  # noqa: E402
 from qkmlp.pretrained.retrain import core  # noqa: E402
 from qkmlp.pretrained.retrain.matching import bisect_closest  # noqa: E402
-from test_retrain import tiny_cfg, tiny_data, tiny_llama  # noqa: E402
+from test_retrain import PlainUnits, tiny_cfg, tiny_data, tiny_llama  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -114,23 +112,6 @@ def test_arm_names_with_units_round_trip_and_are_checked():
     assert tiny_cfg(arm_blocks=[["gated", "swapped-f0.125+L0U3"]])["arm_blocks"] == [["gated", "swapped-f0.125+L0U3"]]
 
 
-class PlainUnits(nn.Module):
-    """σ(b)·a in the given units, σ(a)·b elsewhere (mode "swap"), or σ(a·b) in them
-    (mode "symmetric"), written on the HF MLP's own weights."""
-
-    def __init__(self, mlp, units, mode="swap"):
-        super().__init__()
-        self.gate, self.up, self.down = (copy.deepcopy(getattr(mlp, n).weight) for n in ("gate_proj", "up_proj", "down_proj"))
-        self.mask = torch.zeros(self.gate.shape[0], dtype=torch.bool)
-        self.mask[list(units)] = True
-        self.mode = mode
-
-    def forward(self, x):
-        a, b = x @ self.gate.T, x @ self.up.T
-        other = F.silu(b) * a if self.mode == "swap" else F.silu(a * b)
-        return torch.where(self.mask, other, F.silu(a) * b) @ self.down.T
-
-
 def test_a_control_with_named_units_is_the_plain_formula():
     hf = tiny_llama()
     m = hf.config.intermediate_size
@@ -217,20 +198,6 @@ def test_unit_search_finds_the_unit_an_exhaustive_search_finds():
         unit_search(hf, data, top=2, n_select=3)
 
 
-class PlainMix(nn.Module):
-    """σ(a·b) in every unit but ``gated`` units, which compute σ(a)·b (HF weights)."""
-
-    def __init__(self, mlp, gated_units):
-        super().__init__()
-        self.gate, self.up, self.down = (copy.deepcopy(getattr(mlp, n).weight) for n in ("gate_proj", "up_proj", "down_proj"))
-        self.mask = torch.zeros(self.gate.shape[0], dtype=torch.bool)
-        self.mask[list(gated_units)] = True
-
-    def forward(self, x):
-        a, b = x @ self.gate.T, x @ self.up.T
-        return torch.where(self.mask, F.silu(a) * b, F.silu(a * b)) @ self.down.T
-
-
 def test_restore_search_finds_the_unit_sigma_ab_breaks_most_by_exhaustion():
     from qkmlp.pretrained.retrain.unitsearch import restore_search
 
@@ -242,7 +209,8 @@ def test_restore_search_finds_the_unit_sigma_ab_breaks_most_by_exhaustion():
     def sym_model(gated_at=None):
         ref = copy.deepcopy(hf)
         for i, layer in enumerate(ref.model.layers):
-            layer.mlp = PlainMix(hf.model.layers[i].mlp, [gated_at[1]] if gated_at and gated_at[0] == i else [])
+            gated = [gated_at[1]] if gated_at and gated_at[0] == i else []
+            layer.mlp = PlainUnits(hf.model.layers[i].mlp, gated, "gated", elsewhere="symmetric")
         return ref
 
     base = _val_mean(sym_model(), data)
@@ -289,11 +257,12 @@ def test_next_unit_search_finds_the_intact_unit_that_moves_a_controls_start_most
         assert r["change"] == pytest.approx(change[r["layer"], r["unit"]], abs=1e-10)
     sym = copy.deepcopy(hf)
     for i, layer in enumerate(sym.model.layers):
-        layer.mlp = PlainMix(hf.model.layers[i].mlp, [])
+        layer.mlp = PlainUnits(hf.model.layers[i].mlp, [], "gated", elsewhere="symmetric")
     s_base = _val_mean(sym, data)
     for r in got["candidates"][:2]:
         one = copy.deepcopy(sym)
-        one.model.layers[r["layer"]].mlp = PlainMix(hf.model.layers[r["layer"]].mlp, [r["unit"]])
+        one.model.layers[r["layer"]].mlp = PlainUnits(hf.model.layers[r["layer"]].mlp, [r["unit"]], "gated",
+                                                      elsewhere="symmetric")
         assert r["symmetric_restore_fall"] == pytest.approx(s_base - _val_mean(one, data), abs=1e-10)
     with pytest.raises(ValueError, match="partially swapped control"):
         next_unit_search(hf, data, "symmetric")
