@@ -334,3 +334,28 @@ def test_distance_summary_is_the_plain_mean_over_layers(tmp_path):
     with pytest.raises(ValueError, match="stored twice"):
         R.load_distances(_distance_file(tmp_path, "one.json", {"x": arm}),
                          _distance_file(tmp_path, "four.json", {"x": other}))
+
+
+def test_layer_excess_counts_and_averages_by_hand():
+    def arm(local, in_model):
+        return {"mlp_change": {"local": local, "in_model": in_model}}
+
+    d = {"s": arm([2.0, 1.0, 3.0, 1.0], [4.0, 1.0, 1.0, 0.9]),
+         "c1": arm([1.0, 2.0, 1.0, 0.5], [1.0, 1.0, 0.8, 1.1]),
+         "c2": arm([1.5, 0.5, 2.0, 0.9], [2.0, 0.9, 0.5, 1.0])}
+    out = R.layer_excess(d, "s", ["c1", "c2"])
+    # in its layer: layers 0, 2 and 3 exceed both controls; layer 1 does not (c1 has 2.0)
+    assert out["n_local_more"] == 3
+    # in the model: only layer 0 exceeds 1.5 times both (4 > 1.5 * 2); layer 2 has 1.0 < 1.5 * 0.8
+    assert out["big"].tolist() == [True, False, False, False]
+    assert out["rest_arm"] == pytest.approx((1.0 + 1.0 + 0.9) / 3)
+    assert out["rest_controls"] == pytest.approx({"c1": (1.0 + 0.8 + 1.1) / 3, "c2": (0.9 + 0.5 + 1.0) / 3})
+    assert R.layer_excess(d, "s", ["c1"], factor=1.2)["big"].tolist() == [True, False, True, False]
+    with pytest.raises(KeyError, match="no distance stored for 'x'"):
+        R.layer_excess(d, "s", ["x"])
+    with pytest.raises(ValueError, match="at least one control"):
+        R.layer_excess(d, "s", [])
+    with pytest.raises(ValueError, match="one change per layer"):
+        R.layer_excess({**d, "c2": arm([1.0], [1.0])}, "s", ["c1", "c2"])
+    with pytest.raises(ValueError, match="every layer"):
+        R.layer_excess(d, "s", ["c1"], factor=0.1)

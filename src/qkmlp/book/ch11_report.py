@@ -27,7 +27,7 @@ import numpy as np
 __all__ = ["load_retrain", "arms", "seeds", "texts", "run_of", "curve", "gap_curve", "closed_at", "original_loss",
            "window_gap", "gap_summary", "recovery_rows", "schedule_at", "shrink_per_full_rate", "is_matched_control", "matched_status",
            "matched_control", "MATCHED_VERDICTS", "verdict_against_confounds", "NOT_RESOLVED_CONFOUNDS",
-           "load_distances", "distance_summary"]
+           "load_distances", "distance_summary", "layer_excess"]
 
 CONTROL = "gated"
 MATCHED_PREFIX = "swapped-f"
@@ -387,3 +387,25 @@ def distance_summary(distances: dict, arm: str, texts: list[str]) -> dict:
     local, in_model = (np.asarray(rec["mlp_change"][k], dtype=float) for k in ("local", "in_model"))
     return {"start": {t: float(rec["start"][t]) for t in texts}, "validation_mean": float(rec["validation_mean"]),
             "local": float(local.mean()), "in_model": float(in_model.mean()), "in_model_max": float(in_model.max())}
+
+
+def layer_excess(distances: dict, arm: str, controls: list[str], factor: float = 1.5) -> dict:
+    """Where ``arm`` changes the MLP outputs more than every one of ``controls``, layer by
+    layer: ``n_local_more`` (layers whose change in its own layer exceeds every control's),
+    ``big`` (a bool (L,) array: layers whose change in the model exceeds ``factor`` times
+    every control's there), ``rest_arm`` and ``rest_controls`` (``{control: mean}``): the
+    mean in-model change over the other layers."""
+    if not controls:
+        raise ValueError("layer_excess needs at least one control")
+    for a in (arm, *controls):
+        if a not in distances:
+            raise KeyError(f"no distance stored for {a!r}; stored: {sorted(distances)}")
+    loc = {a: np.asarray(distances[a]["mlp_change"]["local"], dtype=float) for a in (arm, *controls)}
+    inm = {a: np.asarray(distances[a]["mlp_change"]["in_model"], dtype=float) for a in (arm, *controls)}
+    if len({v.shape for v in (*loc.values(), *inm.values())}) != 1:
+        raise ValueError("every arm needs one change per layer, the same layers for all")
+    big = np.all([inm[arm] > factor * inm[c] for c in controls], axis=0)
+    if big.all():
+        raise ValueError(f"{arm!r} exceeds {factor} times its controls in every layer: no other layers to average")
+    return {"n_local_more": int(np.sum(np.all([loc[arm] > loc[c] for c in controls], axis=0))), "big": big,
+            "rest_arm": float(inm[arm][~big].mean()), "rest_controls": {c: float(inm[c][~big].mean()) for c in controls}}
