@@ -13,8 +13,9 @@ target against the names the package defines:
 - a target with a leading dot (``.declared.budget_tests``) must be the end of such a path,
   as Sphinx searches it;
 - any other target resolves as Sphinx's Python domain would from where it is written (the
-  class, the module, the package), and, as the site's own resolver does (book/_ext), by its
-  last component when the package defines that name somewhere;
+  class, the module, the package: a name defined there, not one imported there, which is
+  documented where it is defined), and, as the site's own resolver does (book/_ext), by its
+  last component when the package defines that name in exactly one place;
 - targets in torch, numpy and the other outside packages that the build leaves unlinked
   (``nitpick_ignore_regex`` in _config.yml) are skipped.
 """
@@ -47,7 +48,8 @@ class Index:
     stars: dict[str, list[str]] = field(default_factory=dict)            # module -> modules it imports * from
     members: dict[str, set[str]] = field(default_factory=dict)           # module.Class -> member names
     bases: dict[str, list[str]] = field(default_factory=dict)            # module.Class -> base expressions
-    short: set[str] = field(default_factory=set)                         # every name defined anywhere
+    short: set[str] = field(default_factory=set)                         # every name defined or imported anywhere
+    defined: dict[str, int] = field(default_factory=dict)                # name -> how many places define it
 
 
 def _top_level(body):
@@ -68,6 +70,11 @@ def _targets(node) -> list[str]:
     return []
 
 
+def _count(idx: Index, names) -> None:
+    for n in names:
+        idx.defined[n] = idx.defined.get(n, 0) + 1
+
+
 def build_index(src: Path, package: str) -> tuple[Index, dict[str, ast.Module], dict[str, str]]:
     idx, trees, texts = Index(), {}, {}
     files = {module_name(p, src): p for p in (src / package).rglob("*.py")}
@@ -80,7 +87,9 @@ def build_index(src: Path, package: str) -> tuple[Index, dict[str, ast.Module], 
         for node in _top_level(tree.body):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names.add(node.name)
+                _count(idx, [node.name])
             names.update(_targets(node))
+            _count(idx, _targets(node))
             if isinstance(node, ast.Import):
                 names.update(a.asname or a.name.split(".")[0] for a in node.names)
             if isinstance(node, ast.ImportFrom):
@@ -107,6 +116,7 @@ def build_index(src: Path, package: str) -> tuple[Index, dict[str, ast.Module], 
                             and isinstance(sub.value, ast.Name) and sub.value.id == "self":
                         members.add(sub.attr)
                 idx.short |= members
+                _count(idx, members)
         idx.short |= names
     idx.short |= {m.rpartition(".")[2] for m in idx.modules}
     return idx, trees, texts
@@ -166,6 +176,17 @@ def resolves(idx: Index, target: str) -> bool:
     return False
 
 
+def defined_at(idx: Index, dotted: str) -> bool:
+    """Whether ``dotted`` is a module, a name its module defines (not one it imports, which
+    Sphinx does not document there), or a member of a class defined there (own or a base's)."""
+    if dotted in idx.modules:
+        return True
+    mod, _, name = dotted.rpartition(".")
+    if mod in idx.modules:
+        return name in idx.names.get(mod, ()) and (mod, name) not in idx.imported
+    return mod in idx.members and _class_has(idx, mod, name)
+
+
 def references(trees: dict[str, ast.Module], texts: dict[str, str]):
     """(module, class or None, where, target) for every role in a docstring or ``#:`` comment."""
     for mod, tree in trees.items():
@@ -205,7 +226,9 @@ def unresolved(src: Path, package: str) -> list[str]:
             plain = target.lstrip(".")
             package_of = mod if (src / Path(*mod.split("."))).is_dir() else mod.rpartition(".")[0]
             scopes = ([f"{mod}.{cls}"] if cls else []) + [mod, package_of, package]
-            ok = any(resolves(idx, f"{s}.{plain}") for s in scopes) or plain.split(".")[-1] in idx.short
+            # Sphinx finds a name where it is documented, in the scopes it is written from; the
+            # site's resolver (book/_ext) by its last component when one object has that name
+            ok = any(defined_at(idx, f"{s}.{plain}") for s in scopes) or idx.defined.get(plain.split(".")[-1]) == 1
         if not ok:
             bad.append(f"{mod} ({where}): {raw}")
     return bad
@@ -234,3 +257,18 @@ def test_the_checker_finds_a_reference_to_a_missing_name(tmp_path):
 def test_every_docstring_reference_in_the_package_resolves():
     bad = unresolved(SRC, "qkmlp")
     assert not bad, "docstring references to names that do not exist:\n" + "\n".join(bad)
+
+
+def test_an_imported_bare_name_resolves_only_where_sphinx_would(tmp_path):
+    """A bare name a module imports is not documented there: it resolves only when the
+    package defines that name once (the site's last-component resolver), as the build's
+    ``-n`` found for ``measure``, defined in two modules."""
+    pkg = tmp_path / "p"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('"""Package."""\n')
+    (pkg / "a.py").write_text("def measure():\n    pass\n\n\ndef once():\n    pass\n")
+    (pkg / "b.py").write_text("def measure():\n    pass\n")
+    (pkg / "c.py").write_text("from .a import measure, once\n\n\n"
+                              "def f():\n"
+                              '    """See :func:`measure`, :func:`once` and :func:`p.a.measure`."""\n')
+    assert unresolved(tmp_path, "p") == ["p.c (line 4): measure"]
