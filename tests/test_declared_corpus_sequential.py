@@ -141,3 +141,28 @@ def test_sequential_test_waits_for_a_complete_look():
     out = sequential_test(decl, res)
     assert out["looks"][0]["decision"] == "continue"
     assert out["verdict"] is None and "look 2" in out["status"]
+
+
+def test_sequential_table_and_bound_read_the_looks_taken():
+    from qkmlp.book import ch08_verdicts as verdicts
+
+    decl = json.loads((FOLDER / "lm24k-p1-sequential.json").read_text())
+    res = _seq_results(0.0, 0.008, range(40, 60), np.random.default_rng(4))      # look 1: continue
+    out = sequential_test(decl, res)
+    head, body = verdicts.sequential_table(out, "SwiGLU", "symmetrised")
+    assert len(head) == len(body[0]) == 8 and len(body) == 1
+    r = out["looks"][0]
+    d = np.asarray(r["diffs"])
+    assert body[0][0] == "1" and body[0][1] == "40–59 (20)" and body[0][-1] == "go on to the next look"
+    assert body[0][3] == f"{sps.ttest_1samp(d, 0.0).pvalue:.3g} (stops at ≤ 0.00305)"
+    assert body[0][6] == f"{int((d < 0).sum())} of 20"
+    b = verdicts.sequential_bound(out)
+    half = sps.t.isf(0.0030506 / 2, 19) * d.std(ddof=1) / math.sqrt(20)
+    assert (b["look"], b["n"]) == (1, 20)
+    assert b["lead"] == pytest.approx(half - d.mean(), rel=1e-4) and b["deficit"] == pytest.approx(d.mean() + half, rel=1e-4)
+    clear = sequential_test(decl, _seq_results(-0.012, 0.008, range(40, 60), np.random.default_rng(11)))
+    assert clear["verdict"] == "a lower" and clear["stopped_at"] == 1
+    assert verdicts.sequential_table(clear)[1][0][-1] == "stop: SwiGLU lower"
+    assert verdicts.sequential_bound(clear)["deficit"] < 0              # the interval lies below zero
+    with pytest.raises(ValueError, match="no look"):
+        verdicts.sequential_bound(sequential_test(decl, _seq_results(0.0, 0.008, range(40, 50), np.random.default_rng(1))))

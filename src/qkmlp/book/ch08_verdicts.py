@@ -33,7 +33,7 @@ from .typography import MINUS, NBSP, breakable, interval, signed  # noqa: F401  
 
 __all__ = ["family_tests", "verdict", "gain_cell", "verdict_cell", "family_table",
            "declared_steps", "budget_rows", "budget_table", "budget_p_table", "trend_status", "multiplier_status",
-           "status_text", "share_kept", "extension_table", "corpus_table"]
+           "status_text", "share_kept", "extension_table", "corpus_table", "sequential_table", "sequential_bound"]
 
 _STEPS = re.compile(r"_(\d+)\.json$")
 
@@ -269,6 +269,41 @@ def corpus_table(rows: list[dict], labels: Mapping[str, str], a: str = "SwiGLU",
                      f"{r['holm_p']:.3g} / {r['t_p']:.3g} / {wil}", f"{r['tost_p']:.2f}"])
     return (["verdict", f"{a} against", f"{a} − control (95 % interval)", f"seeds {a} lower",
              "p: t Holm / t / Wilcoxon", f"TOST (±{rows[0]['margin']:g})" if rows else "TOST"], body)
+
+
+def sequential_table(result: dict, a: str = "SwiGLU", b: str = "control",
+                     digits: int = 4) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of a declared group-sequential test
+    (:func:`qkmlp.experiments.declared.sequential_test`), one row per look taken: its
+    seeds, the mean of ``a`` − ``b`` with the naive 95 % interval, the paired t p-value
+    against the look's nominal p, the repeated confidence interval (the bound that look
+    gives), the Wilcoxon p (flagged where it disagrees with t at the nominal p), seeds
+    favouring ``a`` and the look's decision."""
+    words = {"a lower": f"stop: {a} lower", "b lower": f"stop: {b} lower", "continue": "go on to the next look",
+             "level within ±margin": "stop: level within the margin", "not resolved": "not resolved"}
+    body = []
+    for r in result["looks"]:
+        w = words[r["decision"]]
+        wil = f"{r['wilcoxon_p']:.3g}" + ("" if r["wilcoxon_agrees"] else " (disagrees with t)")
+        body.append([f"{r['look']}", f"{r['seeds'][0]}–{r['seeds'][-1]} ({r['n']})",
+                     f"{signed(r['mean_diff'], digits)} {interval(r['ci95'], digits)}",
+                     f"{r['t_p']:.3g} (stops at ≤ {r['nominal_p']:.3g})", interval(r["rci"], digits), wil,
+                     f"{r['a_wins']} of {r['n']}", w])
+    return (["look", "seeds (n)", f"{a} − {b} (95 % interval)", "t p (boundary)", "repeated interval",
+             "Wilcoxon p", f"seeds {a} lower", "decision"], body)
+
+
+def sequential_bound(result: dict) -> dict:
+    """What the last look taken of a group-sequential test excludes, read from its repeated
+    confidence interval (lo, hi) of a − b: ``lead`` = −lo (no lead of a larger than this)
+    and ``deficit`` = hi (no deficit of a larger than this); ``look`` and ``n``. A bound of
+    zero or less means the interval lies on one side of zero. Raises while no look is
+    taken."""
+    if not result.get("looks"):
+        raise ValueError(f"no look of the test has been taken yet ({result.get('status', 'no status')})")
+    r = result["looks"][-1]
+    lo, hi = r["rci"]
+    return {"look": r["look"], "n": r["n"], "lead": -lo, "deficit": hi}
 
 
 def _steps(n: int) -> str:
