@@ -136,6 +136,10 @@ def test_sequential_test_waits_for_a_complete_look():
     part = _seq_results(0.0, 0.008, range(40, 59), rng)
     out = sequential_test(decl, part)
     assert out["verdict"] is None and out["looks"] == [] and "look 1" in out["status"]
+    for empty in ({"meta": {"metric": "test_loss"}, "runs": []},
+                  _results({"gated1-silu": {40: 1.5}})):                   # no run, or one family only
+        out = sequential_test(decl, empty)
+        assert out["verdict"] is None and out["looks"] == [] and "look 1" in out["status"]
     # look 1 complete and undecided, look 2 not yet stored: the reading waits
     res = _seq_results(0.0, 0.008, range(40, 60), np.random.default_rng(4))
     out = sequential_test(decl, res)

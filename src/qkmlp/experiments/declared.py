@@ -380,7 +380,11 @@ def sequential_test(declaration: dict, results: dict) -> dict:
     if any(not set(p) < set(q) for p, q in zip(seeds_by_look, seeds_by_look[1:])):
         raise ValueError("each look's seeds must strictly contain the previous look's")
     bounds = sequential_bounds([lk["information_fraction"] for lk in looks], alpha, kind)
-    va, vb = values_by_seed(results, metric, **a), values_by_seed(results, metric, **b)
+    def stored(cell):                                    # no run of a family yet: nothing stored
+        return values_by_seed(results, metric, **cell) if any(
+            all(r.get(k) == v for k, v in cell.items()) for r in results["runs"]) else {}
+
+    va, vb = stored(a), stored(b)
     out = {"looks": [], "bounds": bounds, "verdict": None, "stopped_at": None}
     for k, (seeds, bound) in enumerate(zip(seeds_by_look, bounds), start=1):
         if not (set(seeds) <= set(va) and set(seeds) <= set(vb)):
