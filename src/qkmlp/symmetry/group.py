@@ -45,13 +45,22 @@ def gauge_symmetry_dimension(
     The gauge moves slot j's factors as Q_j → G_j Q_j, K_j → G_j⁻ᵀ K_j
     (:func:`qkmlp.symmetry.gauge_transformed`). For each of the m·r² generators E (one
     entry of one slot's r × r matrix) the output's derivative along G = I + εE is taken by
-    central differences with step ``eps`` on the batch ``x`` (default: 2·m·r² + 20
-    standard-normal inputs, float64); the result is m·r² minus the rank of the stacked
-    derivatives (singular values above ``rtol`` × the norm of the outputs on ``x``, so a
-    layer on which every generator is a symmetry counts them all). Symmetric layer: m·r²;
+    central differences with step ``eps``; the result is m·r² minus the rank of the stacked
+    derivatives (singular values above ``rtol`` × the norm of the outputs on the inputs, so
+    a layer on which every generator is a symmetry counts them all). Symmetric layer: m·r²;
     gated ReLU: m·r (positive diagonals); gated SiLU: 0. Only the public transform is
     used, so the count does not depend on how the layer stores its weights.
+
+    Inputs: ``x`` (N, d) if given. By default, for a smooth σ, 2·m·r² + 20 standard-normal
+    inputs (float64); for a piecewise σ (relu, leaky_relu, relu2, a plain callable) a
+    direction seen on one narrow cell of the kinks is missed by random inputs that land in
+    no point of it (a gated ReLU layer with d = 2, m = 3, r = 2 counted 8 for 6 on 44
+    Gaussian inputs), so inputs are added in rounds, Gaussian and around the kinks, until
+    two rounds in a row give one rank, as :func:`qkmlp.symmetry.measure_symmetry` does
+    (at most six rounds, else ``RuntimeError``).
     """
+    from .dimensions import _MAX_ROUNDS, _near_kinks, _piecewise, _sigma_inputs
+
     if not isinstance(layer, (SymmetricBilinearMLP, GatedMLP)):
         raise TypeError("gauge_symmetry_dimension expects a SymmetricBilinearMLP or "
                         f"GatedMLP (a layer with rank-r factors); got {type(layer).__name__}")
@@ -60,11 +69,34 @@ def gauge_symmetry_dimension(
     layer64 = copy.deepcopy(layer).to(device="cpu", dtype=torch.float64)
     m, r = layer64.d_hidden, layer64.rank
     n_gen = m * r * r
-    if x is None:
-        gen = torch.Generator().manual_seed(seed)
-        x = torch.randn(2 * n_gen + 20, layer64.d_model, generator=gen, dtype=torch.float64)
-    else:
-        x = x.to(device="cpu", dtype=torch.float64)
+    if x is not None:
+        return n_gen - _gauge_rank(layer64, x.to(device="cpu", dtype=torch.float64), eps, rtol)[0]
+    gen = torch.Generator().manual_seed(seed)
+    n0 = 2 * n_gen + 20
+    x = torch.randn(n0, layer64.d_model, generator=gen, dtype=torch.float64)
+    if not _piecewise(layer64.activation):
+        return n_gen - _gauge_rank(layer64, x, eps, rtol)[0]
+    units = _sigma_inputs(layer64, x[:1]).shape[1]
+    R, out_sq, ranks, used = None, 0.0, [], 0
+    for k in range(_MAX_ROUNDS):
+        if k:
+            x = torch.randn(n0 * 2 ** (k - 1), layer64.d_model, generator=gen, dtype=torch.float64)
+        batch = torch.cat([x, _near_kinks(layer64, max(8, -(-n0 // units)) * 2 ** k, gen)])
+        used += batch.shape[0]
+        rank, R, out_sq = _gauge_rank(layer64, batch, eps, rtol, R, out_sq)
+        ranks.append(rank)
+        if k and ranks[-1] == ranks[-2]:
+            return n_gen - rank
+    raise RuntimeError(f"the gauge rank of this {type(layer).__name__} did not settle in {_MAX_ROUNDS} rounds of "
+                       f"inputs ({used} in all; ranks {ranks}); pass x= to measure on fixed inputs")
+
+
+def _gauge_rank(layer64, x: torch.Tensor, eps: float, rtol: float, R=None, out_sq: float = 0.0):
+    """(rank, R, out_sq): the rank of the gauge derivatives on ``x`` stacked under the rows
+    already folded into the QR factor ``R`` (same singular values, n_gen × n_gen memory),
+    against ``rtol`` × the norm of all outputs so far (``out_sq`` its square)."""
+    m, r = layer64.d_hidden, layer64.rank
+    n_gen = m * r * r
     eye = torch.eye(r, dtype=torch.float64).expand(m, r, r)
     columns = []
     with torch.no_grad():
@@ -75,13 +107,13 @@ def gauge_symmetry_dimension(
             up = gauge_transformed(layer64, eye + eps * E)(x)
             down = gauge_transformed(layer64, eye - eps * E)(x)
             columns.append(((up - down) / (2 * eps)).reshape(-1))
-    sv = torch.linalg.svdvals(torch.stack(columns, dim=1))
-    # relative to the size of the output, not to the largest singular value: when every
-    # generator is a symmetry, all singular values are round-off and none may count
-    with torch.no_grad():
-        scale = torch.linalg.vector_norm(layer64(x))
-    rank = int((sv > rtol * scale).sum())
-    return n_gen - rank
+        D = torch.stack(columns, dim=1)
+        R = torch.linalg.qr(D if R is None else torch.cat([R, D]), mode="r").R
+        sv = torch.linalg.svdvals(R)
+        # relative to the size of the output, not to the largest singular value: when every
+        # generator is a symmetry, all singular values are round-off and none may count
+        out_sq += float(torch.linalg.vector_norm(layer64(x)) ** 2)
+    return int((sv > rtol * out_sq ** 0.5).sum()), R, out_sq
 
 
 # --- discrete symmetries ------------------------------------------------------------------
