@@ -2,7 +2,8 @@
 configures it, with the project's ``lab/overrides.json``) in Debian's Chromium, driven by
 Playwright with real clicks and key presses.
 
-For each notebook a reader opens first (chapters 1, 4, 5, 9, 11 and the why page), the
+For each notebook a reader opens first (chapters 1, 4 and 5, and the why page) and each
+whose text shows computed numbers (``{eval}``: chapters 7, 8, 9 and 11), the
 test opens it, runs all cells from the Run menu, waits until every code cell has an
 execution count and the kernel is idle, shows the folded cells' code (View > Expand All
 Code, so that their counts show) and then reads the page as rendered by jupyterlab-myst.
@@ -67,9 +68,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = ROOT / "lab" / "overrides.json"
 SHOTS = Path(os.environ.get("QKMLP_LAB_SHOTS", ROOT / "test-artifacts" / "lab"))
-# The notebooks a reader opens first.
-NOTEBOOKS = ("01_key_value", "04_rank_one", "05_symmetry_breaking", "09_pretrained",
-             "11_retrain", "why")
+# The notebooks a reader opens first, and those with {eval} numbers in their text.
+NOTEBOOKS = ("01_key_value", "04_rank_one", "05_symmetry_breaking", "07_symmetry_group", "08_experiments",
+             "09_pretrained", "11_retrain", "why")
 EXPLORER_NOTEBOOK = "05_symmetry_breaking"
 WINDOW = {"width": 1280, "height": 900}
 SERVER_START_S = 120
