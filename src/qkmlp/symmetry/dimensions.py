@@ -151,7 +151,7 @@ def measure_symmetry(
     if not (0.0 < rtol < 1.0):
         raise ValueError(f"rtol must be in (0, 1), got {rtol!r}")
     P = parameter_count(layer)
-    adaptive = n_inputs is None and _piecewise(layer.activation)
+    adaptive = n_inputs is None and is_piecewise(layer.activation)
     if n_inputs is None:
         n_inputs = 2 * P + 20
     positive_int(n_inputs, "n_inputs")
@@ -192,7 +192,7 @@ _MAX_ROUNDS = 6
 _ROUNDOFF = 1e-12
 
 
-def _piecewise(act) -> bool:
+def is_piecewise(act) -> bool:
     """Whether σ may be piecewise (kinks at 0): relu, leaky_relu, relu2, or a plain callable."""
     from ..activations import ACTIVATIONS
 
@@ -254,23 +254,43 @@ def _stable_singular_values(layer64: nn.Module, x: torch.Tensor, P: int, gen: to
     """Singular values of the Jacobian over inputs added in rounds (:func:`measure_symmetry`)
     until two rounds in a row give one rank; the rows are folded into a QR factor R
     (J and R have the same singular values), so memory stays P × P."""
+    state = {"R": None, "sv": None}
+
+    def fold(batch):
+        J = jacobian(layer64, batch)
+        state["R"] = torch.linalg.qr(J if state["R"] is None else torch.cat([state["R"], J]), mode="r").R
+        sv = state["sv"] = torch.linalg.svdvals(state["R"])
+        return int((sv > rtol * sv[0]).sum()) if float(sv[0]) > 0 else 0
+
+    _, used = settled_rank(layer64, x, gen, fold, what="Jacobian", fixed="n_inputs= to measure on a fixed number")
+    return state["sv"], used
+
+
+def settled_rank(layer64: nn.Module, x: torch.Tensor, gen: torch.Generator, fold, *, what: str,
+                 fixed: str) -> tuple[int, int]:
+    """A rank over the inputs of a layer with a piecewise σ, added in rounds until it settles.
+
+    Round k folds ``x`` (k = 0) or n·2^(k−1) new standard-normal inputs (n = len(x)), and
+    points around the places where σ's inputs cross 0 (:func:`_near_kinks`), into the
+    measurement: ``fold(batch)`` adds the batch (N, d) and returns the rank so far. Stops
+    when two rounds in a row give one rank; returns (rank, inputs used). After
+    ``_MAX_ROUNDS`` rounds, ``RuntimeError`` naming ``what`` was measured and ``fixed``, the
+    way to measure on fixed inputs instead. Used by :func:`measure_symmetry` and
+    :func:`qkmlp.symmetry.gauge_symmetry_dimension`."""
     n0 = x.shape[0]
     units = _sigma_inputs(layer64, x[:1]).shape[1]
-    R, used, ranks = None, 0, []
+    used, ranks = 0, []
     for k in range(_MAX_ROUNDS):
         if k:
             x = torch.randn(n0 * 2 ** (k - 1), layer64.d_model, generator=gen, dtype=torch.float64)
         batch = torch.cat([x, _near_kinks(layer64, max(8, -(-n0 // units)) * 2 ** k, gen)])
         used += batch.shape[0]
-        J = jacobian(layer64, batch)
-        R = torch.linalg.qr(J if R is None else torch.cat([R, J]), mode="r").R
-        sv = torch.linalg.svdvals(R)
-        ranks.append(int((sv > rtol * sv[0]).sum()) if float(sv[0]) > 0 else 0)
+        ranks.append(fold(batch))
         if k and ranks[-1] == ranks[-2]:
-            return sv, used
+            return ranks[-1], used
     raise RuntimeError(
-        f"the Jacobian rank of this {type(layer64).__name__} did not settle in {_MAX_ROUNDS} rounds of "
-        f"inputs ({used} in all; ranks {ranks}); pass n_inputs= to measure on a fixed number")
+        f"the {what} rank of this {type(layer64).__name__} did not settle in {_MAX_ROUNDS} rounds of "
+        f"inputs ({used} in all; ranks {ranks}); pass {fixed}")
 
 
 def symmetry_dimension(layer: nn.Module, **kwargs) -> int:

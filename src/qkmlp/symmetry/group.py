@@ -59,7 +59,7 @@ def gauge_symmetry_dimension(
     two rounds in a row give one rank, as :func:`qkmlp.symmetry.measure_symmetry` does
     (at most six rounds, else ``RuntimeError``).
     """
-    from .dimensions import _MAX_ROUNDS, _near_kinks, _piecewise, _sigma_inputs
+    from .dimensions import is_piecewise, settled_rank
 
     if not isinstance(layer, (SymmetricBilinearMLP, GatedMLP)):
         raise TypeError("gauge_symmetry_dimension expects a SymmetricBilinearMLP or "
@@ -74,21 +74,15 @@ def gauge_symmetry_dimension(
     gen = torch.Generator().manual_seed(seed)
     n0 = 2 * n_gen + 20
     x = torch.randn(n0, layer64.d_model, generator=gen, dtype=torch.float64)
-    if not _piecewise(layer64.activation):
+    if not is_piecewise(layer64.activation):
         return n_gen - _gauge_rank(layer64, x, eps, rtol)[0]
-    units = _sigma_inputs(layer64, x[:1]).shape[1]
-    R, out_sq, ranks, used = None, 0.0, [], 0
-    for k in range(_MAX_ROUNDS):
-        if k:
-            x = torch.randn(n0 * 2 ** (k - 1), layer64.d_model, generator=gen, dtype=torch.float64)
-        batch = torch.cat([x, _near_kinks(layer64, max(8, -(-n0 // units)) * 2 ** k, gen)])
-        used += batch.shape[0]
-        rank, R, out_sq = _gauge_rank(layer64, batch, eps, rtol, R, out_sq)
-        ranks.append(rank)
-        if k and ranks[-1] == ranks[-2]:
-            return n_gen - rank
-    raise RuntimeError(f"the gauge rank of this {type(layer).__name__} did not settle in {_MAX_ROUNDS} rounds of "
-                       f"inputs ({used} in all; ranks {ranks}); pass x= to measure on fixed inputs")
+    state = {"R": None, "out_sq": 0.0}
+
+    def fold(batch):
+        rank, state["R"], state["out_sq"] = _gauge_rank(layer64, batch, eps, rtol, state["R"], state["out_sq"])
+        return rank
+
+    return n_gen - settled_rank(layer64, x, gen, fold, what="gauge", fixed="x= to measure on fixed inputs")[0]
 
 
 def _gauge_rank(layer64, x: torch.Tensor, eps: float, rtol: float, R=None, out_sq: float = 0.0):
