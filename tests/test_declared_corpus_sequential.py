@@ -170,3 +170,15 @@ def test_sequential_table_and_bound_read_the_looks_taken():
     assert verdicts.sequential_bound(clear)["deficit"] < 0              # the interval lies below zero
     with pytest.raises(ValueError, match="no look"):
         verdicts.sequential_bound(sequential_test(decl, _seq_results(0.0, 0.008, range(40, 50), np.random.default_rng(1))))
+
+
+def test_sequential_runs_reads_only_the_declared_seeds(tmp_path):
+    from qkmlp.experiments.declared import sequential_runs
+
+    decl = json.loads((FOLDER / "lm24k-p1-sequential.json").read_text())
+    for seed in (39, 40, 79, 80):
+        (tmp_path / f"eval_gated1-silu_lr0.002_s{seed}.json").write_text(json.dumps({"seed": seed}))
+    (tmp_path / "tune_gated1-silu_lr0.002_s40.json").write_text("{}")
+    assert [r["seed"] for r in sequential_runs(decl, tmp_path)] == [40, 79]
+    with pytest.raises(FileNotFoundError, match="no folder"):
+        sequential_runs(decl, tmp_path / "missing")

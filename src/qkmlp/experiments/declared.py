@@ -36,7 +36,7 @@ from ..runbase.stats import (detectable_difference, holm, mean_sd, sequential_bo
                              t_test, tost, wilcoxon_test)
 
 __all__ = ["load_declarations", "declaration_commit", "commit_order", "budget_tests", "extension_tests",
-           "corpus_tests", "sequential_test", "trend_tests", "compute_multiplier", "verdict", "trend_verdict"]
+           "corpus_tests", "sequential_runs", "sequential_test", "trend_tests", "compute_multiplier", "verdict", "trend_verdict"]
 
 
 def load_declarations(folder, prefix: str = "") -> dict[str, dict]:
@@ -351,6 +351,19 @@ def corpus_tests(declaration: dict, results: dict, seeds: Optional[Sequence[int]
         r["wilcoxon_agrees"] = (r["t_p"] < alpha) == (r["wilcoxon_p"] < alpha)
         r["mde"] = detectable_difference(r["sd_diff"], r["n"], alpha=alpha / len(rows), power=power)
     return rows
+
+
+def sequential_runs(declaration: dict, folder) -> list[dict]:
+    """The evaluation records in ``folder`` (``eval_<cell>_lr<lr>_s<seed>.json``) whose seed
+    belongs to the declaration's last (largest) look, sorted by file name; the records of
+    other seeds sharing the folder are left out. Pass them to :func:`sequential_test` as
+    ``{"meta": {"metric": ...}, "runs": records}``."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no folder of run records at {folder}")
+    seeds = set(declaration["looks"][-1]["seeds"])
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("eval_*_s*.json"))
+            if int(p.stem.rsplit("_s", 1)[1]) in seeds]
 
 
 def sequential_test(declaration: dict, results: dict) -> dict:
